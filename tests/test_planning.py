@@ -1,0 +1,120 @@
+"""Beam search: the KV cache changes the speed, never the plan."""
+
+import numpy as np
+import pytest
+import torch
+
+from ttlib.bench import PRESETS, plan_flops, random_model
+from ttlib.planning import PlannerConfig, beam_plan, counter_uniform, sample_bins
+
+
+def tiny(dtype=torch.float64, seed=0):
+    return random_model(PRESETS["tiny"], dtype=dtype, seed=seed)
+
+
+def prefix_for(model, n_envs, transitions, seed=0):
+    c = model.config
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, c.n_bins, (n_envs, (transitions - 1) * c.transition_dim + c.obs_dim), generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", range(3))
+def test_cached_plan_equals_uncached_plan(dtype, seed):
+    model, tok = tiny(dtype, seed)
+    prefix = prefix_for(model, 3, 3, seed)
+    keys = torch.tensor([11, 22, 33]) + seed
+    config = PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)
+    cached = beam_plan(model, tok, prefix, keys, config)
+    config.use_cache = False
+    uncached = beam_plan(model, tok, prefix, keys, config)
+    assert torch.equal(cached.bins, uncached.bins)
+    torch.testing.assert_close(cached.score, uncached.score, atol=1e-5, rtol=0)
+
+
+def test_plan_shapes_and_decoding():
+    model, tok = tiny()
+    plan = beam_plan(model, tok, prefix_for(model, 2, 2), torch.tensor([1, 2]),
+                     PlannerConfig(beam_width=3, horizon=3, context=2))
+    O, A = tok.obs_dim, tok.act_dim
+    assert plan.actions.shape == (2, 3, A) and plan.observations.shape == (2, 2, O)
+    assert plan.rewards.shape == plan.values.shape == (2, 3) and plan.score.shape == (2,)
+    assert plan.bins.shape == (2, 3 * (A + 2) + 2 * O)
+    # decoded actions are bin centres of the action dimensions
+    centers = tok.centers[O:O + A]
+    for j in range(A):
+        assert np.isin(plan.actions[..., j].numpy(), centers[j].astype(np.float32)).all()
+    # the score is what the plan's own rewards and final value say
+    g = 0.99
+    expected = sum(g**t * plan.rewards[:, t] for t in range(3)) + g**3 * plan.values[:, 2]
+    torch.testing.assert_close(plan.score, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_environment_plans_the_same_alone_or_in_a_batch():
+    model, tok = tiny()
+    prefix = prefix_for(model, 4, 3)
+    keys = torch.tensor([5, 6, 7, 8])
+    config = PlannerConfig(beam_width=4, horizon=2, context=3)
+    batch = beam_plan(model, tok, prefix, keys, config)
+    alone = beam_plan(model, tok, prefix[2:3], keys[2:3], config)
+    assert torch.equal(batch.bins[2:3], alone.bins)
+
+
+def test_a_wider_search_never_scores_worse_at_horizon_one():
+    """Row 0 draws the same random numbers in both searches, so the wide search contains the narrow one's
+    candidate and its best score can only be higher or equal."""
+    model, tok = tiny(seed=4)
+    prefix = prefix_for(model, 1, 3)
+    wide = beam_plan(model, tok, prefix, torch.tensor([3]), PlannerConfig(beam_width=8, horizon=1,
+                                                                          sample_expand=4, context=3))
+    narrow = beam_plan(model, tok, prefix, torch.tensor([3]), PlannerConfig(beam_width=1, horizon=1,
+                                                                            sample_expand=1, context=3))
+    assert wide.score.item() >= narrow.score.item() - 1e-9
+
+
+def test_counter_uniform_is_deterministic_and_uniform():
+    keys = torch.arange(20000, dtype=torch.int64) * 7919
+    rows = torch.arange(20000) % 64
+    u = counter_uniform(keys, 3, rows)
+    assert torch.equal(u, counter_uniform(keys, 3, rows))
+    assert not torch.equal(u, counter_uniform(keys, 4, rows))
+    assert 0 < u.min() and u.max() < 1
+    hist = torch.histc(u.float(), bins=10, min=0, max=1)
+    assert hist.min() > 1700 and hist.max() < 2300
+
+
+def test_sample_bins_follows_the_distribution_and_top_k():
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.7]])).repeat(30000, 1)
+    u = counter_uniform(torch.arange(30000), 0, torch.zeros(30000, dtype=torch.long))
+    counts = torch.bincount(sample_bins(logits, u), minlength=3).float() / 30000
+    torch.testing.assert_close(counts, torch.tensor([0.1, 0.2, 0.7]), atol=0.02, rtol=0)
+    assert set(sample_bins(logits, u, top_k=1).tolist()) == {2}
+
+
+@pytest.mark.parametrize("field, value", [("beam_width", 0), ("horizon", 0), ("sample_expand", 0),
+                                          ("context", 0), ("temperature", 0.0)])
+def test_bad_planner_settings_raise(field, value):
+    model, tok = tiny()
+    config = PlannerConfig(beam_width=2, horizon=2, context=2)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=field):
+        beam_plan(model, tok, prefix_for(model, 1, 2), torch.tensor([0]), config)
+
+
+def test_context_plus_horizon_longer_than_the_model_raises():
+    model, tok = tiny()  # n_transitions = 10
+    with pytest.raises(ValueError, match="do not fit the model's window of 10"):
+        beam_plan(model, tok, prefix_for(model, 1, 8), torch.tensor([0]),
+                  PlannerConfig(beam_width=2, horizon=4, context=8))
+
+
+def test_prefix_must_end_with_an_observation():
+    model, tok = tiny()
+    with pytest.raises(ValueError, match="whole transitions followed by one observation"):
+        beam_plan(model, tok, torch.zeros(1, 5, dtype=torch.long), torch.tensor([0]), PlannerConfig(horizon=2))
+
+
+def test_flop_count_matches_halfcheetah_scale():
+    model, _ = random_model(PRESETS["halfcheetah"])
+    gflop = plan_flops(model.config, PlannerConfig(), batch=1) / 1e9
+    assert 5 < gflop < 20  # ~10 GFLOP: 64 children x (6+1) tokens + 32 survivors x (1+17) tokens, 5 steps

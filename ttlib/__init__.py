@@ -1,0 +1,3 @@
+"""ttlib: the Trajectory Transformer from scratch, made fast. One module per idea; see the course notebooks."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,200 @@
+"""Benchmarks: every speed claim of the course is measured here, side by side in one run, as ratios.
+
+    ttlib bench decoding                  cached vs recompute decoding, tokens/s, at a sequence of 250
+    ttlib bench planning --batch 1        cached vs uncached beam search, ms per plan, GFLOP/s achieved
+    ttlib bench rollouts                  vectorized vs sequential evaluation of the same episodes
+    ttlib bench training                  training tokens/s
+
+Timings are medians of several runs after warm-up. Costs do not depend on the weights, so the presets use
+random weights; the rollout benchmark uses the shipped checkpoint on the course environment.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .model import GPTConfig, TrajectoryGPT
+from .planning import PlannerConfig, beam_plan, tokens_fed
+from .tokenizer import TrajectoryTokenizer
+
+
+@dataclass
+class Preset:
+    obs_dim: int  # observation dimensions
+    act_dim: int  # action dimensions
+    n_bins: int = 100  # bins per dimension
+    n_layer: int = 4  # blocks
+    n_embd: int = 128  # width
+    n_head: int = 4  # heads
+    n_transitions: int = 10  # model window in transitions
+    beam_width: int = 32  # planner settings: faster-TT's evaluation setting
+    horizon: int = 5
+    context: int = 5
+    sample_expand: int = 2
+
+
+PRESETS = {
+    "halfcheetah": Preset(obs_dim=17, act_dim=6),  # seq 10 * 25 = 250 tokens
+    "lunarlander": Preset(obs_dim=8, act_dim=2),
+    "tiny": Preset(obs_dim=3, act_dim=2, n_bins=20, n_layer=2, n_embd=32, n_head=2, beam_width=4, horizon=3,
+                   context=3),
+}
+
+
+def random_model(preset: Preset, device="cpu", dtype=torch.float32, seed=0):
+    """A randomly initialised model and a tokenizer fitted on Gaussian data, for timing only."""
+    torch.manual_seed(seed)
+    config = GPTConfig(obs_dim=preset.obs_dim, act_dim=preset.act_dim, n_bins=preset.n_bins,
+                       n_layer=preset.n_layer, n_head=preset.n_head, n_embd=preset.n_embd,
+                       n_transitions=preset.n_transitions, dropout=0.0)
+    model = TrajectoryGPT(config).to(device=device, dtype=dtype).eval()
+    rows = np.random.default_rng(seed).normal(size=(2000, config.transition_dim))
+    tokenizer = TrajectoryTokenizer.fit(rows, preset.obs_dim, preset.act_dim, preset.n_bins)
+    return model, tokenizer
+
+
+def timed(fn, repeats: int, warmup: int = 1) -> float:
+    """Median wall-clock seconds of fn() over `repeats` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def environment() -> dict:
+    return {"device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+# ---- FLOP counting ------------------------------------------------------------------------------------------
+def token_flops(config: GPTConfig, keys: int, head: bool) -> int:
+    """Matmul FLOPs to push one token through the model when it attends to `keys` tokens."""
+    C = config.n_embd
+    per_layer = 2 * 12 * C * C + 2 * 2 * keys * C  # qkv + proj + mlp, then q.k and weights.v over all heads
+    return config.n_layer * per_layer + (2 * C * config.n_bins if head else 0)
+
+
+def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int) -> int:
+    """Matmul FLOPs of one cached beam_plan call for `batch` environments (counted the way beam_plan runs)."""
+    O, A, td = config.obs_dim, config.act_dim, config.transition_dim
+    P = (planner.context - 1) * td + O
+    flops = batch * sum(token_flops(config, p + 1, head=p == P - 1) for p in range(P))  # the context, once
+    W, X, pos = planner.beam_width, planner.sample_expand, P
+    for t in range(planner.horizon):
+        fed = [W * X] * (A + 1)  # action tokens and the reward, on every child
+        if t < planner.horizon - 1:
+            fed += [W] * (1 + O)  # value and next observation, on the survivors
+        for rows in fed:
+            pos += 1
+            flops += batch * rows * token_flops(config, pos, head=True)
+    return flops
+
+
+# ---- benchmarks ---------------------------------------------------------------------------------------------
+def bench_decoding(preset: str = "halfcheetah", length: int | None = None, batch: int = 1, repeats: int = 3,
+                   device: str = "cpu") -> dict:
+    """Generate `length` tokens one by one: with the KV cache vs running the whole prefix again each time."""
+    p = PRESETS[preset]
+    model, _ = random_model(p, device)
+    length = length or model.config.block_size
+    bins = torch.randint(0, p.n_bins, (batch, length), device=device)
+
+    @torch.inference_mode()
+    def cached():
+        cache = model.new_cache(batch)
+        for t in range(length):
+            model(bins[:, t:t + 1], cache=cache, last_only=True)
+
+    @torch.inference_mode()
+    def recompute():
+        for t in range(length):
+            model(bins[:, :t + 1], last_only=True)
+
+    t_cached = timed(cached, repeats)
+    t_recompute = timed(recompute, repeats)
+    return {"benchmark": "decoding", "preset": preset, "length": length, "batch": batch,
+            "tokens_per_s_cached": batch * length / t_cached, "tokens_per_s_recompute": batch * length / t_recompute,
+            "speedup": t_recompute / t_cached, **environment()}
+
+
+def bench_planning(preset: str = "halfcheetah", batch: int = 1, repeats: int = 5, uncached_repeats: int = 1,
+                   device: str = "cpu", dtype: str = "float32") -> dict:
+    """ms per beam_plan call (batch environments at once), cached and uncached, and GFLOP/s achieved."""
+    p = PRESETS[preset]
+    model, tokenizer = random_model(p, device, getattr(torch, dtype))
+    planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
+                            sample_expand=p.sample_expand)
+    td = model.config.transition_dim
+    prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * td + p.obs_dim), device=device)
+    keys = torch.arange(batch)
+
+    def run(use_cache):
+        planner.use_cache = use_cache
+        return beam_plan(model, tokenizer, prefix, keys, planner)
+
+    t_cached = timed(lambda: run(True), repeats, warmup=2)
+    t_uncached = timed(lambda: run(False), uncached_repeats, warmup=0) if uncached_repeats > 0 else float("nan")
+    same = bool(torch.equal(run(True).bins, run(False).bins)) if uncached_repeats > 0 else None
+    flops = plan_flops(model.config, planner, batch)
+    return {"benchmark": "planning", "preset": preset, "batch": batch, "beam_width": p.beam_width,
+            "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
+            "seq_len": model.config.block_size + 1, "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim,
+                                                                                     p.horizon),
+            "ms_per_plan_cached": 1000 * t_cached, "ms_per_plan_uncached": 1000 * t_uncached,
+            "speedup": t_uncached / t_cached, "same_plan": same, "gflop_per_plan": flops / 1e9,
+            "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype, **environment()}
+
+
+def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | None = None,
+                   planner: PlannerConfig | None = None, repeats: int = 1) -> dict:
+    """The same episodes evaluated vectorized (one batch) and sequentially (one by one)."""
+    from .rollout import evaluate
+    from .train import default_checkpoint, load_checkpoint
+
+    model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device="cpu")
+    info = payload["dataset"]
+    planner = planner or PlannerConfig(beam_width=8, horizon=3, sample_expand=2, context=3)
+    seeds = list(range(1000, 1000 + episodes))
+
+    def run(vectorized):
+        return evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
+                        vectorized=vectorized, max_steps=max_steps, progress=False)
+
+    vec = min((run(True) for _ in range(repeats)), key=lambda r: r.seconds)
+    seq = min((run(False) for _ in range(repeats)), key=lambda r: r.seconds)
+    return {"benchmark": "rollouts", "episodes": episodes, "steps": vec.steps, "max_steps": max_steps,
+            "vectorized_s": vec.seconds, "sequential_s": seq.seconds, "speedup": seq.seconds / vec.seconds,
+            "same_returns": bool(np.array_equal(vec.returns, seq.returns)), "beam_width": planner.beam_width,
+            "horizon": planner.horizon, **environment()}
+
+
+def bench_training(preset: str = "lunarlander", batch_size: int = 64, steps: int = 20,
+                   device: str = "cpu") -> dict:
+    """Training tokens/s (forward + backward + AdamW) on random windows of the model's length."""
+    p = PRESETS[preset]
+    model, _ = random_model(p, device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    T = model.config.block_size
+    x = torch.randint(0, p.n_bins, (batch_size, T + 1), device=device)
+
+    def step():
+        _, loss = model(x[:, :-1], x[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    seconds = timed(step, steps, warmup=3)
+    return {"benchmark": "training", "preset": preset, "batch_size": batch_size, "seq_len": T,
+            "tokens_per_s": batch_size * T / seconds, "ms_per_step": 1000 * seconds, **environment()}

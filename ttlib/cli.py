@@ -1,0 +1,195 @@
+"""The `ttlib` command line: python -m ttlib <command> (or just `ttlib <command>`).
+
+    ttlib make-dataset [--dataset ID] [--force]     build the offline course dataset (or the HalfCheetah one)
+    ttlib datasets                                  list the Minari datasets on this machine
+    ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
+    ttlib evaluate [--checkpoint PATH] --episodes 10
+    ttlib bench {decoding,planning,rollouts,training} [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+
+from . import data as ttdata
+
+
+def _cmd_make_dataset(args):
+    path = ttdata.build(args.dataset, seed=args.seed, n_episodes=args.episodes, force=args.force)
+    print(f"dataset {args.dataset} ready at {path}")
+    print(ttdata.load(args.dataset, progress=False).summary())
+
+
+def _cmd_datasets(args):
+    rows = ttdata.list_local()
+    if not rows:
+        print(f"no local datasets yet; `ttlib make-dataset` builds {ttdata.DEFAULT_DATASET}")
+    for r in rows:
+        print(f"{r['id']:40s} {r['episodes']:6d} episodes {r['steps']:8d} steps  {r['env_id']}  {r['path']}")
+    built = {r["id"] for r in rows}
+    for dataset_id in ttdata.buildable():
+        if dataset_id not in built:
+            print(f"{dataset_id:40s} (not built yet: ttlib make-dataset --dataset {dataset_id})")
+
+
+def _cmd_train(args):
+    from .train import TrainConfig, export_checkpoint, train
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    config = TrainConfig(**overrides)
+    result = train(config, out=args.out, resume=args.resume)
+    last = result.history[-1]
+    print(f"trained {config.steps} steps: train loss {last['train_loss']:.3f}, validation loss "
+          f"{last['val_loss']:.3f}, {result.tokens_per_second:,.0f} tokens/s; checkpoint {args.out}")
+    if args.export:
+        export_checkpoint(args.out, args.export)
+        print(f"slim copy for shipping: {args.export}")
+
+
+def _planner_from(args):
+    from .planning import PlannerConfig
+
+    return PlannerConfig(beam_width=args.beam_width, horizon=args.horizon, sample_expand=args.expand,
+                         context=args.context, top_k_action=args.top_k)
+
+
+def _cmd_evaluate(args):
+    from .rollout import evaluate, save_video
+    from .train import default_checkpoint, load_checkpoint
+
+    model, tokenizer, payload = load_checkpoint(args.checkpoint or default_checkpoint(), device=args.device)
+    info = payload["dataset"]
+    seeds = list(range(args.seed, args.seed + args.episodes))
+    result = evaluate(model, tokenizer, info["env_id"], seeds, _planner_from(args), env_kwargs=info["env_kwargs"],
+                      vectorized=not args.sequential, n_envs=args.n_envs, max_steps=args.max_steps,
+                      record=args.video is not None)
+    report = {"episodes": len(seeds), "mean_return": float(result.returns.mean()),
+              "std_return": float(result.returns.std()), "returns": result.returns.tolist(),
+              "steps": result.steps, "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
+              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
+              "clipped_observations": result.clipped_observations}
+    if info.get("ref_min_score") is not None and info.get("ref_max_score") is not None:
+        span = info["ref_max_score"] - info["ref_min_score"]
+        report["normalized_score"] = (report["mean_return"] - info["ref_min_score"]) / span
+    if args.video:
+        save_video(result.frames, args.video)
+        report["video"] = args.video
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(result.summary())
+    print(f"dataset mean return {info['mean_return']:.1f}", end="")
+    if report["expert_mean_return"] is not None:
+        print(f", scripted expert {report['expert_mean_return']:.1f}", end="")
+    print(f"; normalized score {report['normalized_score']:.2f}" if "normalized_score" in report else "")
+    if args.video:
+        print(f"video of the first episode: {args.video}")
+
+
+def _cmd_bench(args):
+    from . import bench
+
+    if args.which == "decoding":
+        out = bench.bench_decoding(args.preset, batch=args.batch, repeats=args.repeats, device=args.device)
+    elif args.which == "planning":
+        out = bench.bench_planning(args.preset, batch=args.batch, repeats=args.repeats,
+                                   uncached_repeats=args.uncached_repeats, device=args.device, dtype=args.dtype)
+    elif args.which == "rollouts":
+        out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps)
+    else:
+        out = bench.bench_training(args.preset if args.preset != "halfcheetah" else "lunarlander",
+                                   device=args.device)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .train import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="ttlib", description="The Trajectory Transformer course library.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-dataset", help="build a local offline dataset (no download)")
+    p.add_argument("--dataset", default=ttdata.DEFAULT_DATASET, help=f"one of {ttdata.buildable()}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--episodes", type=int, default=None, help="episode count (default: the full size)")
+    p.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    p.set_defaults(func=_cmd_make_dataset)
+
+    p = sub.add_parser("datasets", help="list local datasets")
+    p.set_defaults(func=_cmd_datasets)
+
+    p = sub.add_parser("train", help="train a Trajectory GPT")
+    p.add_argument("--out", required=True, help="checkpoint path (written during training too)")
+    p.add_argument("--resume", help="continue from this checkpoint")
+    p.add_argument("--export", help="also write a slim copy (no optimiser state) here")
+    for f in fields(TrainConfig):
+        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None,
+                       help=f"default {f.default}")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("evaluate", help="plan with a checkpoint in its environment")
+    p.add_argument("--checkpoint", help="default: the shipped course checkpoint")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0, help="seed of the first episode (then +1, +2, ...)")
+    p.add_argument("--sequential", action="store_true", help="one episode at a time instead of vectorized")
+    p.add_argument("--n-envs", type=int, default=None, help="environments per batch (default: all)")
+    p.add_argument("--max-steps", type=int, default=None, help="cut episodes after this many steps")
+    _planner_args(p)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--video", help="save the first episode as a GIF/MP4 here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
+    p.add_argument("which", choices=["decoding", "planning", "rollouts", "training"])
+    p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
+    p.add_argument("--batch", type=int, default=1, help="environments planned at once")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--uncached-repeats", type=int, default=1)
+    p.add_argument("--episodes", type=int, default=25)
+    p.add_argument("--max-steps", type=int, default=50)
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def _planner_args(p):
+    from .planning import PlannerConfig
+
+    d = PlannerConfig()
+    p.add_argument("--beam-width", type=int, default=d.beam_width)
+    p.add_argument("--horizon", type=int, default=d.horizon)
+    p.add_argument("--expand", type=int, default=d.sample_expand)
+    p.add_argument("--context", type=int, default=d.context)
+    p.add_argument("--top-k", type=int, default=d.top_k_action)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv=None) -> int:
+    from .train import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ttdata.DatasetError, CheckpointError, ValueError) as e:
+        print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

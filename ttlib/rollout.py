@@ -1,0 +1,202 @@
+"""Run the planner in real environments: one at a time, or many at once with gymnasium.vector.
+
+Planning dominates the cost of an episode, and a planning call on a batch of environments costs little more
+than on one (the matrices just get taller). So the vectorized rollout steps E environments in lockstep and plans
+for all still-running ones in a single `beam_plan` call. Every environment keeps its own context (its last
+transitions as tokens), its own seed and its own random key per step, so an episode's return is the same
+whether it ran alone or in a batch -- a property the tests check.
+
+Gymnasium 1.x vector environments reset an environment automatically on the step *after* it finished
+(autoreset "next step"). We stop planning for an environment once its episode ends and ignore whatever it
+returns afterwards, so every episode is counted exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .model import TrajectoryGPT
+from .planning import Plan, PlannerConfig, beam_plan, check_fits
+from .tokenizer import TrajectoryTokenizer
+
+
+@dataclass
+class EvalResult:
+    seeds: list[int]  # environment seed of every episode
+    returns: np.ndarray  # (n_episodes,) undiscounted returns
+    lengths: np.ndarray  # (n_episodes,) steps per episode
+    seconds: float  # wall-clock time of the whole evaluation
+    clipped_observations: int = 0  # observation entries outside the tokenizer's range (clipped)
+    frames: list = field(default_factory=list)  # rgb frames of the first episode, if recorded
+    plans: list = field(default_factory=list)  # (step, Plan) of the first episode, if recorded
+
+    @property
+    def steps(self) -> int:
+        return int(self.lengths.sum())
+
+    def summary(self) -> str:
+        return (f"{len(self.returns)} episodes: return {self.returns.mean():.1f} +- {self.returns.std():.1f} "
+                f"(min {self.returns.min():.1f}, max {self.returns.max():.1f}), {self.steps} steps in "
+                f"{self.seconds:.1f} s")
+
+
+def make_env(env_id: str, env_kwargs: dict | None = None, render_mode: str | None = None) -> gym.Env:
+    return gym.make(env_id, render_mode=render_mode, **(env_kwargs or {}))
+
+
+def check_env(space_obs, space_act, model: TrajectoryGPT) -> None:
+    """The environment must have a continuous (Box) action space and the model's observation/action sizes."""
+    if not isinstance(space_act, gym.spaces.Box):
+        raise ValueError(f"the Trajectory Transformer plans continuous actions; this environment's action space "
+                         f"is {type(space_act).__name__}, not Box")
+    obs_dim, act_dim = int(np.prod(space_obs.shape)), int(np.prod(space_act.shape))
+    c = model.config
+    if (obs_dim, act_dim) != (c.obs_dim, c.act_dim):
+        raise ValueError(f"the checkpoint is for observations of {c.obs_dim} and actions of {c.act_dim} "
+                         f"dimensions, the environment has {obs_dim} and {act_dim}")
+
+
+def step_key(seed: int, step: int) -> int:
+    """The planner's random key for one decision of one episode."""
+    return (int(seed) & 0xFFFFFFFF) << 32 | (int(step) & 0xFFFFFFFF)
+
+
+class Contexts:
+    """The last transitions of E environments as bins, and the prefix the planner sees."""
+
+    def __init__(self, tokenizer: TrajectoryTokenizer, n_envs: int, context: int):
+        self.tokenizer = tokenizer
+        self.context = context
+        self.history = [[] for _ in range(n_envs)]  # per environment: list of (td,) bins of past transitions
+        self.clipped = 0
+
+    def encode_obs(self, obs: np.ndarray) -> np.ndarray:
+        tok = self.tokenizer
+        dims = slice(0, tok.obs_dim)
+        self.clipped += tok.out_of_range(obs, dims)
+        return tok.encode(obs, dims, on_clip="ignore")
+
+    def prefix(self, envs, observations) -> torch.Tensor:
+        """(len(envs), P) bins: the last context-1 transitions of each environment, then its observation."""
+        obs_bins = self.encode_obs(observations)  # (E, obs_dim)
+        rows = [np.concatenate([*self.history[e][-(self.context - 1):], obs_bins[i]]) if self.context > 1
+                else obs_bins[i] for i, e in enumerate(envs)]
+        return torch.as_tensor(np.stack(rows), dtype=torch.long)
+
+    def append(self, e: int, observation, action, reward) -> None:
+        """Record a finished transition. Its value token is never attended to, so bin 0 stands in for it."""
+        tok = self.tokenizer
+        row = tok.encode(np.concatenate([observation, action, [reward, 0.0]]), on_clip="ignore")
+        row[tok.value_dim] = 0
+        self.history[e].append(row)
+        del self.history[e][:-self.context]  # keep only what the planner can see
+
+
+def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, seeds, planner: PlannerConfig,
+             env_kwargs: dict | None = None, vectorized: bool = True, n_envs: int | None = None,
+             asynchronous: bool = False, max_steps: int | None = None, record: bool = False,
+             progress: bool = True) -> EvalResult:
+    """Play one episode per seed with the planner; return their returns.
+
+    vectorized=True steps up to `n_envs` (default: all seeds) environments together and plans for them in one
+    batch; False plays the episodes one after another. `max_steps` cuts episodes short (fast demos). `record`
+    keeps the first episode's frames (rgb_array) and plans, for videos and plots.
+    """
+    seeds = [int(s) for s in seeds]
+    planner.validate()
+    check_fits(model, planner.context, planner.horizon)
+    t0 = time.perf_counter()
+    wave = (n_envs or len(seeds)) if vectorized else 1
+    returns, lengths, clipped, frames, plans = [], [], 0, [], []
+    bar = tqdm(total=len(seeds), desc="episodes", unit="ep", disable=not progress)
+    for start in range(0, len(seeds), wave):
+        group = seeds[start:start + wave]
+        rec = record and start == 0
+        r, n, c, f, p = _run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and
+                                  vectorized, max_steps, rec, bar)
+        returns += r
+        lengths += n
+        clipped += c
+        frames += f
+        plans += p
+    bar.close()
+    return EvalResult(seeds, np.array(returns), np.array(lengths), time.perf_counter() - t0, clipped, frames, plans)
+
+
+def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar):
+    """Episodes for `seeds`, all stepped together in one vector environment."""
+    E = len(seeds)
+    render_mode = "rgb_array" if record else None
+    env_fns = [lambda: make_env(env_id, env_kwargs, render_mode) for _ in range(E)]
+    envs = gym.vector.AsyncVectorEnv(env_fns) if asynchronous else gym.vector.SyncVectorEnv(env_fns)
+    try:
+        check_env(envs.single_observation_space, envs.single_action_space, model)
+        low, high = envs.single_action_space.low, envs.single_action_space.high
+        obs, _ = envs.reset(seed=seeds)
+        contexts = Contexts(tokenizer, E, planner.context)
+        returns, lengths = np.zeros(E), np.zeros(E, dtype=int)
+        running = np.ones(E, dtype=bool)
+        frames, plans = [], []
+        device = model.pos_emb.device
+        step = 0
+        while running.any():
+            active = np.flatnonzero(running)
+            if record and running[0]:
+                frames.append(envs.envs[0].render() if not asynchronous else envs.call("render")[0])
+            prefix = contexts.prefix(active, obs[active])
+            keys = torch.tensor([step_key(seeds[e], step) for e in active], dtype=torch.int64)
+            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner)
+            if record and running[0]:
+                plans.append((step, _row(plan, 0)))
+            actions = np.zeros((E, *envs.single_action_space.shape), dtype=np.float32)
+            actions[active] = np.clip(plan.actions[:, 0].numpy(), low, high)
+            next_obs, reward, terminated, truncated, _ = envs.step(actions)
+            for e in active:
+                contexts.append(e, obs[e], actions[e], reward[e])
+                returns[e] += reward[e]
+                lengths[e] += 1
+                if terminated[e] or truncated[e] or (max_steps is not None and lengths[e] >= max_steps):
+                    running[e] = False
+                    bar.update(1)
+            obs = next_obs
+            step += 1
+        return list(returns), list(lengths), contexts.clipped, frames, plans
+    finally:
+        envs.close()
+
+
+def _row(plan: Plan, i: int) -> Plan:
+    """One environment's part of a batched plan."""
+    return Plan(*(getattr(plan, f)[i:i + 1] for f in plan.__dataclass_fields__))
+
+
+def save_video(frames, path: str, fps: int = 30) -> str:
+    """Write rgb frames to a GIF or MP4 (by extension), atomically. MP4 needs imageio-ffmpeg."""
+    import imageio.v2 as imageio
+
+    if not frames:
+        raise ValueError("no frames to save: evaluate with record=True")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    suffix = os.path.splitext(path)[1] or ".gif"
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=suffix)
+    os.close(fd)
+    try:
+        if suffix == ".gif":
+            imageio.mimsave(tmp, frames, duration=1000 / fps, loop=0)
+        else:
+            imageio.mimsave(tmp, frames, fps=fps)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,306 @@
+"""Train the Trajectory GPT on an offline dataset, and save/load checkpoints.
+
+The recipe is nanoGPT's: AdamW (weight decay on matrices only), a linear warmup then a cosine decay of the
+learning rate, gradient clipping, and a validation loss on held-out *episodes* every so often. Training data are
+windows of `n_transitions` transitions cut from every episode (padded at episode ends, the padding masked out of
+the loss). A checkpoint holds everything needed to plan with the model again: weights, model config, tokenizer,
+and what we know of the dataset -- in one file, written to a temporary file and renamed into place.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import data as ttdata
+from .model import GPTConfig, TrajectoryGPT
+from .tokenizer import TrajectoryTokenizer
+
+CHECKPOINT_FORMAT = "ttlib-checkpoint-v1"
+ASSETS = os.environ.get("TTLIB_ASSETS", os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
+COURSE_CHECKPOINT = "tt_lunarlander.pt"  # the shipped Trajectory GPT for the course dataset
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt, of another kind, or does not fit the model/environment."""
+
+
+@dataclass
+class TrainConfig:
+    dataset: str = ttdata.DEFAULT_DATASET  # dataset id (see ttlib.data.load)
+    gamma: float = 0.99  # discount of the value targets
+    n_bins: int = 100  # bins per dimension
+    strategy: str = "quantile"  # bin placement: "quantile" or "uniform"
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads
+    n_embd: int = 128  # model width
+    n_transitions: int = 10  # window length in transitions
+    dropout: float = 0.1  # dropout during training
+    batch_size: int = 64  # windows per step
+    steps: int = 2000  # optimiser steps in total
+    lr: float = 6e-4  # peak learning rate
+    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    warmup_steps: int = 100  # linear warmup from 0 to lr
+    weight_decay: float = 0.1  # AdamW decay on weight matrices
+    grad_clip: float = 1.0  # clip the gradient's global norm to this
+    val_fraction: float = 0.05  # share of episodes held out for validation
+    eval_every: int = 250  # steps between validation losses
+    eval_batches: int = 10  # batches per validation estimate
+    seed: int = 0  # seeds the split, initial weights and batch order
+    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
+
+    def model_config(self, obs_dim: int, act_dim: int) -> GPTConfig:
+        return GPTConfig(obs_dim=obs_dim, act_dim=act_dim, n_bins=self.n_bins, n_layer=self.n_layer,
+                         n_head=self.n_head, n_embd=self.n_embd, n_transitions=self.n_transitions,
+                         dropout=self.dropout)
+
+
+@dataclass
+class TrainResult:
+    model: TrajectoryGPT
+    tokenizer: TrajectoryTokenizer
+    history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss", "lr", "seconds"}
+    tokens_per_second: float = 0.0  # training throughput (input tokens processed per second)
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warmup to lr, then cosine decay to min_lr at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+# ---- data ---------------------------------------------------------------------------------------------------
+def split_episodes(data: ttdata.OfflineDataset, val_fraction: float, seed: int):
+    """Indices of training and validation episodes (at least one of each when there are two or more)."""
+    order = np.random.default_rng(seed).permutation(data.n_episodes)
+    n_val = min(max(1, round(val_fraction * data.n_episodes)), data.n_episodes - 1) if data.n_episodes > 1 else 0
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def subset(data: ttdata.OfflineDataset, episodes) -> ttdata.OfflineDataset:
+    """The same dataset restricted to some episodes."""
+    pick = [int(i) for i in episodes]
+    per_episode = {f.name: [getattr(data, f.name)[i] for i in pick] for f in fields(data)
+                   if f.name in ("observations", "actions", "rewards", "terminations", "truncations", "values")}
+    behaviour = [data.behaviour[i] for i in pick] if data.behaviour is not None else None
+    return ttdata.OfflineDataset(**{**{f.name: getattr(data, f.name) for f in fields(data)}, **per_episode,
+                                    "behaviour": behaviour})
+
+
+def window_tokens(data: ttdata.OfflineDataset, tokenizer: TrajectoryTokenizer, n_transitions: int):
+    """All training windows as bins (N, n_transitions * td) int64 and a token mask (N, n_transitions * td)."""
+    w = ttdata.make_windows(data, n_transitions)
+    bins = tokenizer.encode_transitions(w["observations"], w["actions"], w["rewards"], w["values"],
+                                        on_clip="ignore")  # (N, L, td); validation data may lie outside
+    N, L, td = bins.shape
+    mask = np.repeat(w["mask"][:, :, None], td, axis=2)  # (N, L, td)
+    return torch.from_numpy(bins.reshape(N, L * td)), torch.from_numpy(mask.reshape(N, L * td).astype(np.float32))
+
+
+def get_batch(bins, mask, batch_size, generator, device):
+    """Random windows -> inputs (B, T-1), targets (B, T-1), target mask (B, T-1)."""
+    index = torch.randint(0, bins.shape[0], (batch_size,), generator=generator)
+    x, m = bins[index].to(device), mask[index].to(device)
+    return x[:, :-1], x[:, 1:], m[:, 1:]
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------------
+def dataset_summary(data: ttdata.OfflineDataset) -> dict:
+    """What planning and evaluation need to know of the training data, kept in the checkpoint."""
+    returns = data.returns()
+    info = {"id": data.dataset_id, "env_id": data.env_id, "env_kwargs": dict(data.env_kwargs),
+            "obs_dim": data.obs_dim, "act_dim": data.act_dim, "gamma": data.gamma,
+            "n_episodes": data.n_episodes, "n_steps": data.n_steps,
+            "mean_return": float(returns.mean()), "std_return": float(returns.std()),
+            "ref_min_score": data.ref_min_score, "ref_max_score": data.ref_max_score}
+    if data.behaviour is not None:
+        info["mean_return_by_behaviour"] = {
+            b: float(returns[[x == b for x in data.behaviour]].mean()) for b in sorted(set(data.behaviour))}
+    return info
+
+
+def save_checkpoint(path: str, model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, *, dataset: dict,
+                    train_config: dict | None = None, step: int = 0, history: list | None = None,
+                    optimizer: torch.optim.Optimizer | None = None, generator: torch.Generator | None = None,
+                    kind: str = "trajectory-gpt") -> None:
+    """Write one self-contained file atomically. Without `optimizer` it is a slim file for shipping."""
+    payload = {
+        "format": CHECKPOINT_FORMAT, "kind": kind, "model_config": model.config_dict(),
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "tokenizer": tokenizer.state_dict() if tokenizer is not None else None, "dataset": dataset,
+        "train_config": train_config, "step": step, "history": history or [],
+    }
+    if optimizer is not None:
+        payload["optimizer"] = optimizer.state_dict()
+    if generator is not None:
+        payload["generator"] = generator.get_state()
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def default_checkpoint(name: str = COURSE_CHECKPOINT) -> str:
+    """Path of a checkpoint shipped in the repository's assets/ folder (override with TTLIB_ASSETS)."""
+    path = os.path.join(ASSETS, name)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"shipped checkpoint {name} not found in {ASSETS}: run from a clone of the course "
+                              f"repository, set TTLIB_ASSETS, or train one with `ttlib train`")
+    return path
+
+
+def read_checkpoint(path: str, kind: str | None = "trajectory-gpt") -> dict:
+    """Load a checkpoint file's payload, with a clear error for anything that is not a usable ttlib checkpoint."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated or foreign files fail in many ways inside torch/pickle
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): "
+                              f"{type(e).__name__}") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a ttlib checkpoint (expected format {CHECKPOINT_FORMAT})")
+    if kind is not None and payload.get("kind") != kind:
+        raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, not a {kind!r} one")
+    return payload
+
+
+def load_weights(model: torch.nn.Module, state: dict, source: str = "checkpoint") -> None:
+    """load_state_dict, but a shape mismatch names the parameters and both shapes in one line."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = [f"{k}: {tuple(state[k].shape)} in {source} vs {tuple(v.shape)} in model"
+                  for k, v in own.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or mismatched:
+        parts = []
+        if mismatched:
+            parts.append("shape mismatch " + "; ".join(mismatched[:3]) + (" ..." if len(mismatched) > 3 else ""))
+        if missing:
+            parts.append(f"missing {missing[:3]}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:3]}")
+        raise CheckpointError(f"{source} does not fit the model: " + ", ".join(parts))
+    model.load_state_dict(state)
+
+
+def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None = None):
+    """-> (model in eval mode, tokenizer, payload). Pass `model` to load into an existing one (shapes checked)."""
+    payload = read_checkpoint(path)
+    config = GPTConfig(**payload["model_config"])
+    if model is None:
+        model = TrajectoryGPT(config)
+    elif model.config.transition_dim != config.transition_dim:
+        raise CheckpointError(
+            f"{path} was trained for obs {config.obs_dim} / act {config.act_dim} but the model has obs "
+            f"{model.config.obs_dim} / act {model.config.act_dim}")
+    load_weights(model, payload["model"], source=path)
+    tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])
+    return model.to(pick_device(device)).eval(), tokenizer, payload
+
+
+# ---- the loop -----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def estimate_loss(model, bins, mask, config, generator, device) -> float:
+    model.eval()
+    losses = [model(*get_batch(bins, mask, config.batch_size, generator, device))[1].item()
+              for _ in range(config.eval_batches)]
+    model.train()
+    return float(np.mean(losses))
+
+
+def train(config: TrainConfig | None = None, out: str | None = None, resume: str | None = None,
+          data: ttdata.OfflineDataset | None = None, progress: bool = True) -> TrainResult:
+    """Train a TrajectoryGPT. `out`: checkpoint path, written at every evaluation and at the end (with the
+    optimiser state, so `resume` can continue exactly where it stopped). Returns the model, tokenizer, history."""
+    config = config or TrainConfig()
+    device = pick_device(config.device)
+    torch.manual_seed(config.seed)
+    data = data if data is not None else ttdata.load(config.dataset, gamma=config.gamma, progress=progress)
+    train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
+    train_data = subset(data, train_eps)
+    tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.n_bins, config.strategy)
+    model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device)
+    optimizer = torch.optim.AdamW(model.optimizer_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(config.seed)
+    start, history = 0, []
+    if resume is not None:
+        payload = read_checkpoint(resume)
+        load_weights(model, payload["model"], source=resume)
+        tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])
+        start, history = payload["step"], list(payload["history"])
+        if "optimizer" in payload:
+            optimizer.load_state_dict(payload["optimizer"])
+        if "generator" in payload:
+            generator.set_state(payload["generator"])
+
+    train_bins, train_mask = window_tokens(train_data, tokenizer, config.n_transitions)
+    val_bins, val_mask = window_tokens(subset(data, val_eps), tokenizer, config.n_transitions)
+    val_generator = torch.Generator().manual_seed(config.seed + 1)
+    summary = dataset_summary(data)
+
+    def checkpoint(step):
+        if out is not None:
+            save_checkpoint(out, model, tokenizer, dataset=summary, train_config=asdict(config), step=step,
+                            history=history, optimizer=optimizer, generator=generator)
+
+    model.train()
+    tokens_per_step = config.batch_size * (train_bins.shape[1] - 1)
+    t0, tokens_seen, loss_ema = time.perf_counter(), 0, None
+    bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
+               total=config.steps)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        x, y, m = get_batch(train_bins, train_mask, config.batch_size, generator, device)
+        _, loss = model(x, y, m)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        tokens_seen += tokens_per_step
+        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        last = step == config.steps - 1
+        if step % config.eval_every == 0 or last:
+            val = estimate_loss(model, val_bins, val_mask, config, val_generator, device) if len(val_bins) else None
+            history.append({"step": step, "train_loss": loss_ema, "val_loss": val,
+                            "lr": learning_rate(step, config), "seconds": time.perf_counter() - t0})
+            bar.set_postfix(loss=f"{loss_ema:.3f}", val=f"{val:.3f}" if val is not None else "-")
+            checkpoint(step + 1)
+        elif step % 10 == 0:
+            bar.set_postfix(loss=f"{loss_ema:.3f}")
+    elapsed = time.perf_counter() - t0
+    model.eval()
+    return TrainResult(model, tokenizer, history, tokens_seen / elapsed if elapsed > 0 else 0.0)
+
+
+def export_checkpoint(source: str, destination: str) -> None:
+    """Write a slim copy of a checkpoint (no optimiser state): what ships in assets/."""
+    payload = read_checkpoint(source)
+    payload.pop("optimizer", None)
+    payload.pop("generator", None)
+    model, tokenizer, _ = load_checkpoint(source, device="cpu")
+    save_checkpoint(destination, model, tokenizer, dataset=payload["dataset"],
+                    train_config=payload["train_config"], step=payload["step"], history=payload["history"])
