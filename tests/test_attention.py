@@ -111,3 +111,33 @@ def test_sequence_longer_than_block_raises():
     model = small_model()
     with pytest.raises(ValueError, match="block size"):
         model(torch.zeros(1, model.config.block_size + 1, dtype=torch.long))
+
+
+def test_nested_prefixes_and_extend_match_full_recompute():
+    """Context -> beams -> children, as beam search uses them: children fold back into their beams exactly."""
+    model = small_model(5)
+    T = model.config.block_size
+    E, W, X, P = 2, 2, 3, 6
+    torch.manual_seed(6)
+    context = torch.randint(0, 13, (E, P))
+    with torch.no_grad():
+        ctx = model.new_cache(E, capacity=P)
+        model(context, cache=ctx)
+        beams = KVCache.shared(ctx, W, capacity=T - P)
+        beam_rows = context.repeat_interleave(W, 0)  # (E*W, P) the sequences the beams hold
+        for _ in range(2):  # two rounds of expand / sample / select
+            children = KVCache.shared(beams, X, capacity=3)
+            child_rows = beam_rows.repeat_interleave(X, 0)
+            new = torch.randint(0, 13, (E * W * X, 3))
+            got = torch.cat([model(new[:, i:i + 1], cache=children)[0] for i in range(3)], 1)
+            full = model(torch.cat([child_rows, new], 1))[0][:, -3:]
+            torch.testing.assert_close(got, full, atol=1e-5, rtol=0)
+            keep = torch.tensor([4, 1, 11, 6])  # two children per environment, from any of its beams
+            beams.reorder(keep // X)
+            beams.extend(children, keep)
+            beam_rows = torch.cat([child_rows, new], 1)[keep]
+            more = torch.randint(0, 13, (E * W, 2))
+            got = torch.cat([model(more[:, i:i + 1], cache=beams)[0] for i in range(2)], 1)
+            full = model(torch.cat([beam_rows, more], 1))[0][:, -2:]
+            torch.testing.assert_close(got, full, atol=1e-5, rtol=0)
+            beam_rows = torch.cat([beam_rows, more], 1)

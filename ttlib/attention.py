@@ -14,8 +14,9 @@ instead of O(length^2), and it is exactly the same computation as running the wh
 
 Beam search adds two twists, both handled here:
 - `KVCache.reorder(indices)` keeps, drops or duplicates rows when beams are selected or expanded.
-- All beams of one environment share the same context. `KVCache.shared(prefix, ...)` stores that context once
-  per environment and only the generated tokens per beam, so the cache holds (and reads) far less memory.
+- All beams of one environment share the same context, and a beam's children share the beam's past.
+  `KVCache.shared(prefix, ...)` stores such a prefix once per group of rows and only the newer tokens per row,
+  so the cache holds, copies and reads far less memory; `extend` folds the chosen children back into their beams.
 """
 
 from __future__ import annotations
@@ -45,28 +46,31 @@ def fast_attention(q, k, v, allowed, dropout_p=0.0):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
 
-def attention_with_shared_prefix(q, k, v, prefix_k, prefix_v, allowed):
-    """Attention over [shared prefix keys ; per-row keys] without copying the prefix into every row.
+def attention_with_shared_prefixes(q, k, v, prefixes, allowed):
+    """Attention over [shared prefix keys ... ; per-row keys] without copying any prefix into every row.
 
-    q (B, H, T, D); k, v (B, H, S, D) per row; prefix_k, prefix_v (G, H, P, D) shared by groups of R = B // G
-    consecutive rows; allowed (T, P + S). The softmax runs over all P + S keys at once, so the result is the
-    same as if every row held its own copy of the prefix.
+    q (B, H, T, D); k, v (B, H, S, D) per row; prefixes: a list of (k, v) pairs, each (G, H, P, D) and shared
+    by groups of B // G consecutive rows (an environment's context, a beam's past); allowed (T, sum P + S).
+    One softmax runs over all keys at once, so the result is the same as if every row held its own copy.
     """
     B, H, T, D = q.shape
-    G, P = prefix_k.shape[0], prefix_k.shape[2]
-    R = B // G
-    # scores against the prefix: fold the R rows of a group into the query axis and do one matmul per group
-    q_grouped = q.view(G, R, H, T, D).transpose(1, 2).reshape(G, H, R * T, D)  # (G, H, R*T, D)
-    scores_prefix = q_grouped @ prefix_k.transpose(-2, -1)  # (G, H, R*T, P)
-    scores_prefix = scores_prefix.view(G, H, R, T, P).transpose(1, 2).reshape(B, H, T, P)
-    scores_own = q @ k.transpose(-2, -1)  # (B, H, T, S)
-    scores = torch.cat([scores_prefix, scores_own], dim=-1) / math.sqrt(D)  # (B, H, T, P+S)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    w_prefix, w_own = weights.split([P, k.shape[2]], dim=-1)
-    w_prefix = w_prefix.reshape(G, R, H, T, P).transpose(1, 2).reshape(G, H, R * T, P)
-    out_prefix = (w_prefix @ prefix_v).view(G, H, R, T, D).transpose(1, 2).reshape(B, H, T, D)
-    return out_prefix + w_own @ v  # (B, H, T, D)
+
+    def grouped(x, G):  # (B, H, T, X) -> (G, H, R*T, X): the R rows of a group become extra queries
+        return x.reshape(G, B // G, H, T, x.shape[-1]).transpose(1, 2).reshape(G, H, B // G * T, x.shape[-1])
+
+    def ungrouped(x, G):  # (G, H, R*T, X) -> (B, H, T, X)
+        return x.reshape(G, H, B // G, T, x.shape[-1]).transpose(1, 2).reshape(B, H, T, x.shape[-1])
+
+    q = q / math.sqrt(D)
+    scores = [ungrouped(grouped(q, pk.shape[0]) @ pk.transpose(-2, -1), pk.shape[0]) for pk, _ in prefixes]
+    scores.append(q @ k.transpose(-2, -1))  # (B, H, T, S)
+    lengths = [x.shape[-1] for x in scores]
+    scores = torch.cat(scores, dim=-1).masked_fill(~allowed, float("-inf"))  # (B, H, T, sum P + S)
+    weights = torch.softmax(scores, dim=-1).split(lengths, dim=-1)
+    out = weights[-1] @ v  # (B, H, T, D)
+    for w, (_, pv) in zip(weights[:-1], prefixes, strict=True):
+        out = out + ungrouped(grouped(w, pv.shape[0]) @ pv, pv.shape[0])
+    return out
 
 
 class KVCache:
@@ -74,7 +78,8 @@ class KVCache:
 
     k, v: (n_layer, batch, n_head, capacity, head_dim), written in place as tokens arrive. `length` tokens are
     stored per row. With a shared `prefix` (another, filled KVCache with one row per group), this cache's rows
-    continue the prefix: row i belongs to group i // (batch // prefix.batch).
+    continue the prefix: row i belongs to group i // (batch // prefix.batch). Prefixes can nest: a beam's
+    children continue the beam, which continues its environment's context.
     """
 
     def __init__(self, n_layer, batch, n_head, head_dim, capacity, *, dtype=torch.float32, device="cpu",
@@ -83,7 +88,7 @@ class KVCache:
         self.k = torch.empty(shape, dtype=dtype, device=device)  # only [:length] is ever read
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0  # tokens stored per row
-        self.prefix = prefix  # shared context, or None
+        self.prefix = prefix  # shared prefix (itself a KVCache, one row per group of rows here), or None
         if prefix is not None and batch % prefix.batch:
             raise ValueError(f"batch {batch} is not a multiple of the prefix's {prefix.batch} groups")
 
@@ -104,8 +109,8 @@ class KVCache:
 
     @property
     def position(self) -> int:
-        """Absolute position of the next token (the prefix's tokens come first)."""
-        return self.length + (self.prefix.length if self.prefix is not None else 0)
+        """Absolute position of the next token (the prefixes' tokens come first)."""
+        return self.length + (self.prefix.position if self.prefix is not None else 0)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, H, T, D) after the tokens already there; return this layer's keys and values so far."""
@@ -116,12 +121,13 @@ class KVCache:
         self.v[layer, :, :, start:start + T] = v
         return self.k[layer, :, :, :start + T], self.v[layer, :, :, :start + T]  # (B, H, start+T, D)
 
-    def prefix_kv(self, layer: int):
-        """The shared prefix's (k, v) for a layer, each (G, H, P, D), or None."""
+    def prefix_kv(self, layer: int) -> list:
+        """The shared prefixes' (k, v) for a layer, outermost first, each (G, H, P, D); empty ones left out."""
         if self.prefix is None:
-            return None
+            return []
         P = self.prefix.length
-        return self.prefix.k[layer, :, :, :P], self.prefix.v[layer, :, :, :P]
+        own = [(self.prefix.k[layer, :, :, :P], self.prefix.v[layer, :, :, :P])] if P else []
+        return self.prefix.prefix_kv(layer) + own
 
     def advance(self, n_tokens: int):
         """Called by the model once every layer has written the new tokens."""
@@ -144,17 +150,27 @@ class KVCache:
         new_v[:, :, :, :L] = self.v[:, :, :, :L].index_select(1, indices)
         self.k, self.v = new_k, new_v
 
+    def extend(self, child: KVCache, rows: torch.Tensor) -> None:
+        """Append the tokens of child rows `rows` (one per row here) after this cache's own tokens."""
+        start, n = self.length, child.length
+        if start + n > self.capacity:
+            raise CacheFullError(f"KV cache is full: {start} + {n} tokens > capacity {self.capacity}")
+        rows = rows.to(self.k.device)
+        self.k[:, :, :, start:start + n] = child.k[:, :, :, :n].index_select(1, rows)
+        self.v[:, :, :, start:start + n] = child.v[:, :, :, :n].index_select(1, rows)
+        self.length += n
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention. `allowed` (T, S) says which key each query may see (causal + value rule)."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, fast: bool = True):
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, attn_dropout: float = 0.0, fast: bool = True):
         super().__init__()
         assert n_embd % n_head == 0, "n_embd must be divisible by n_head"
         self.n_head = n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd)  # query, key and value projections in one matmul
         self.proj = nn.Linear(n_embd, n_embd)  # mixes the heads back together
-        self.dropout = dropout
+        self.attn_dropout = attn_dropout  # dropout on attention weights (makes CPU SDPA take its slow path)
         self.resid_dropout = nn.Dropout(dropout)
         self.fast = fast  # use torch's fused scaled_dot_product_attention when possible
 
@@ -165,15 +181,15 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
-        prefix = None
+        prefixes = []
         if cache is not None:
-            k, v = cache.write(layer, k, v)  # (B, H, S, D): everything this row has seen
-            prefix = cache.prefix_kv(layer)
-        if prefix is not None:
-            y = attention_with_shared_prefix(q, k, v, prefix[0], prefix[1], allowed)
+            k, v = cache.write(layer, k, v)  # (B, H, S, D): this row's own tokens so far
+            prefixes = cache.prefix_kv(layer)  # shared context / beam history, stored once per group
+        if prefixes:
+            y = attention_with_shared_prefixes(q, k, v, prefixes, allowed)
         elif self.fast:
-            y = fast_attention(q, k, v, allowed, self.dropout if self.training else 0.0)
+            y = fast_attention(q, k, v, allowed, self.attn_dropout if self.training else 0.0)
         else:
-            y = explicit_attention(q, k, v, allowed, self.dropout if self.training else 0.0)
+            y = explicit_attention(q, k, v, allowed, self.attn_dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.proj(y))

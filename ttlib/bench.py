@@ -60,8 +60,12 @@ def random_model(preset: Preset, device="cpu", dtype=torch.float32, seed=0):
 
 def timed(fn, repeats: int, warmup: int = 1) -> float:
     """Median wall-clock seconds of fn() over `repeats` runs after `warmup` runs."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

@@ -99,38 +99,54 @@ def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None =
 
 # ---- decoders: where the next token's logits come from ------------------------------------------------------
 class CachedDecoder:
-    """Runs the context once, then one token at a time on a KV cache shared by each environment's beams."""
+    """Runs the context once, then one token at a time on KV caches that share what rows have in common.
 
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, rows_per_env: int, new_tokens: int):
+    Three levels: the context (one row per environment), the beams (W rows per environment) and, while a step
+    samples actions and reward, the children (X rows per beam). Selecting children copies only their few new
+    tokens into the chosen beams; expanding beams into children copies nothing.
+    """
+
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
         E, P = prefix.shape
-        context_cache = model.new_cache(E, capacity=P)
-        logits, _ = model(prefix, cache=context_cache, last_only=True)  # (E, 1, N)
+        context = model.new_cache(E, capacity=P)
+        logits, _ = model(prefix, cache=context, last_only=True)  # (E, 1, N)
         self.model = model
-        self.cache = KVCache.shared(context_cache, rows_per_env, capacity=max(new_tokens, 1))
-        self.logits = logits[:, 0].repeat_interleave(rows_per_env, dim=0)  # (E*R, N)
+        self.beams = KVCache.shared(context, beams_per_env, capacity=new_tokens)
+        self.active = self.beams  # where the next token goes: the beams, or their children
+        self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
 
     def feed(self, bins: torch.Tensor) -> torch.Tensor:
-        logits, _ = self.model(bins[:, None], cache=self.cache, last_only=True)
-        return logits[:, 0]  # (B, N)
+        logits, _ = self.model(bins[:, None], cache=self.active, last_only=True)
+        return logits[:, 0]  # (rows, N)
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        self.cache.reorder(indices)
+    def expand(self, children: int, capacity: int) -> None:
+        self.active = KVCache.shared(self.beams, children, capacity)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """keep (E*W,): the children that become the new beams."""
+        children = self.active
+        self.beams.reorder(keep // (children.batch // self.beams.batch))  # each child's parent beam
+        self.beams.extend(children, keep)
+        self.active = self.beams
 
 
 class RecomputeDecoder:
     """The naive baseline: every new token runs the model over the whole sequence again."""
 
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, rows_per_env: int, new_tokens: int):
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
         self.model = model
-        self.sequence = prefix.repeat_interleave(rows_per_env, dim=0)  # (E*R, P)
+        self.sequence = prefix.repeat_interleave(beams_per_env, dim=0)  # (E*W, P)
         self.logits = model(self.sequence, last_only=True)[0][:, 0]
 
     def feed(self, bins: torch.Tensor) -> torch.Tensor:
         self.sequence = torch.cat([self.sequence, bins[:, None]], dim=1)
         return self.model(self.sequence, last_only=True)[0][:, 0]
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        self.sequence = self.sequence[indices]
+    def expand(self, children: int, capacity: int) -> None:
+        self.sequence = self.sequence.repeat_interleave(children, dim=0)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.sequence = self.sequence[keep]
 
 
 def tokens_fed(obs_dim: int, act_dim: int, horizon: int) -> int:
@@ -170,36 +186,27 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
 
     Decoder = CachedDecoder if config.use_cache else RecomputeDecoder
-    decoder = Decoder(model, prefix, W * X, tokens_fed(O, A, H))
-    logits = decoder.logits  # (E*R, N), R = W*X rows per environment (identical to start with)
-    R = W * X
-    generated = prefix.new_zeros(E * R, 0)  # (E*R, n) bins generated so far
-    discounted_rewards = logits.new_zeros(E * R)  # sum_k gamma^k E[r_k] so far
-    rewards = logits.new_zeros(E * R, H)
-    values = logits.new_zeros(E * R, H)
+    decoder = Decoder(model, prefix, W, tokens_fed(O, A, H))
+    logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
+    generated = prefix.new_zeros(E * W, 0)  # (rows, n) bins generated so far
+    discounted_rewards = logits.new_zeros(E * W)  # sum_k gamma^k E[r_k] so far
+    rewards = logits.new_zeros(E * W, H)
+    values = logits.new_zeros(E * W, H)
+    R = W * X  # rows per environment while sampling (children)
+    row_keys = keys.repeat_interleave(R)  # (E*R,) every row's environment key
+    rows = torch.arange(E * R, device=device) % R  # (E*R,) every row's index within its environment
     counter = 0
-
-    def keys_and_rows(rows_per_env):
-        n = E * rows_per_env
-        return keys.repeat_interleave(rows_per_env), torch.arange(n, device=device) % rows_per_env
 
     def append(bins):
         nonlocal generated
         generated = torch.cat([generated, bins[:, None]], dim=1)
 
-    def reorder(indices):
-        nonlocal generated, discounted_rewards, rewards, values
-        decoder.reorder(indices)
-        generated, discounted_rewards = generated[indices], discounted_rewards[indices]
-        rewards, values = rewards[indices], values[indices]
-
     for t in range(H):
-        if t > 0:  # expand: each kept beam becomes X rows
-            expand = torch.arange(E * W, device=device).repeat_interleave(X)
-            reorder(expand)
-            logits = logits[expand]
-            R = W * X
-        row_keys, rows = keys_and_rows(R)
+        # expand: each beam becomes X children, which share its past in the cache
+        decoder.expand(X, capacity=A + 1)
+        logits = logits.repeat_interleave(X, dim=0)
+        generated, discounted_rewards = generated.repeat_interleave(X, 0), discounted_rewards.repeat_interleave(X, 0)
+        rewards, values = rewards.repeat_interleave(X, 0), values.repeat_interleave(X, 0)
         for _ in range(A):  # sample the action, one dimension at a time
             bins = sample_bins(logits, counter_uniform(row_keys, counter, rows), config.top_k_action,
                                config.temperature)
@@ -212,20 +219,21 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
         logits = decoder.feed(reward_bins)
         value_probs = torch.softmax(logits, dim=-1)
         value_bins = logits.argmax(dim=-1)
-        append(value_bins)
         rewards[:, t] = tokenizer.expectation(reward_probs, tokenizer.reward_dim)
         values[:, t] = tokenizer.expectation(value_probs, tokenizer.value_dim)
         discounted_rewards = discounted_rewards + config.gamma**t * rewards[:, t]
         score = discounted_rewards + config.gamma ** (t + 1) * values[:, t]  # (E*R,)
 
-        # select: the best W rows of every environment (a stable sort, so ties break the same way everywhere)
+        # select: the best W children of every environment (a stable sort: ties break the same way everywhere)
         order = torch.sort(score.view(E, R), dim=1, descending=True, stable=True).indices[:, :W]  # (E, W)
         keep = (order + torch.arange(E, device=device)[:, None] * R).reshape(-1)  # (E*W,)
-        reorder(keep)
-        score, R = score[keep], W
+        decoder.select(keep)
+        generated, discounted_rewards = generated[keep], discounted_rewards[keep]
+        rewards, values, score, value_bins = rewards[keep], values[keep], score[keep], value_bins[keep]
+        append(value_bins)
         if t == H - 1:
             break
-        logits = decoder.feed(value_bins[keep])  # the value token goes in now, for the W survivors only
+        logits = decoder.feed(value_bins)  # the value token goes in now, for the W survivors only
         for _ in range(O):  # the most likely next observation
             bins = logits.argmax(dim=-1)
             append(bins)

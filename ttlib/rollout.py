@@ -14,7 +14,6 @@ returns afterwards, so every episode is counted exactly once.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .files import atomic_path
 from .model import TrajectoryGPT
 from .planning import Plan, PlannerConfig, beam_plan, check_fits
 from .tokenizer import TrajectoryTokenizer
@@ -184,19 +184,10 @@ def save_video(frames, path: str, fps: int = 30) -> str:
 
     if not frames:
         raise ValueError("no frames to save: evaluate with record=True")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    suffix = os.path.splitext(path)[1] or ".gif"
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=suffix)
-    os.close(fd)
-    try:
+    suffix = os.path.splitext(path)[1].lower() or ".gif"
+    with atomic_path(path) as tmp:
         if suffix == ".gif":
-            imageio.mimsave(tmp, frames, duration=1000 / fps, loop=0)
+            imageio.mimsave(tmp, frames, format="GIF", duration=1000 / fps, loop=0)
         else:
-            imageio.mimsave(tmp, frames, fps=fps)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+            imageio.mimsave(tmp, frames, format=suffix[1:].upper(), fps=fps)
     return path

@@ -18,12 +18,12 @@ Each dimension has its own slice of the model's vocabulary: token id = bin + dim
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import warnings
 
 import numpy as np
 import torch
+
+from .files import atomic_path
 
 STRATEGIES = ("uniform", "quantile")
 
@@ -169,15 +169,8 @@ class TrajectoryTokenizer:
 
     def save(self, path: str) -> None:
         """Write JSON atomically (temporary file + rename): a crash never leaves half a file."""
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.state_dict(), f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_path(path) as tmp, open(tmp, "w") as f:
+            json.dump(self.state_dict(), f)
 
     @classmethod
     def load(cls, path: str) -> TrajectoryTokenizer:

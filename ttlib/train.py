@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -20,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as ttdata
+from .files import atomic_path
 from .model import GPTConfig, TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
 
@@ -42,9 +42,9 @@ class TrainConfig:
     n_head: int = 4  # attention heads
     n_embd: int = 128  # model width
     n_transitions: int = 10  # window length in transitions
-    dropout: float = 0.1  # dropout during training
+    dropout: float = 0.0  # dropout during training (one pass over the data leaves little to overfit)
     batch_size: int = 64  # windows per step
-    steps: int = 2000  # optimiser steps in total
+    steps: int = 1800  # optimiser steps in total (about one pass over the course data)
     lr: float = 6e-4  # peak learning rate
     min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 100  # linear warmup from 0 to lr
@@ -149,17 +149,8 @@ def save_checkpoint(path: str, model: TrajectoryGPT, tokenizer: TrajectoryTokeni
         payload["optimizer"] = optimizer.state_dict()
     if generator is not None:
         payload["generator"] = generator.get_state()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def default_checkpoint(name: str = COURSE_CHECKPOINT) -> str:

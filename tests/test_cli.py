@@ -1,0 +1,70 @@
+"""The command line, run as a learner would: python -m ttlib ..."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ttlib import data as ttdata
+
+
+def ttlib(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "ttlib", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_make_dataset_and_list(minari_root):
+    result = ttlib("make-dataset", "--dataset", ttdata.HALFCHEETAH_DATASET)
+    assert result.returncode == 0, result.stderr
+    assert "20 episodes" in result.stdout and "HalfCheetah-v5" in result.stdout
+    listed = ttlib("datasets")
+    assert ttdata.HALFCHEETAH_DATASET in listed.stdout and "4000 steps" in listed.stdout
+    assert f"{ttdata.DEFAULT_DATASET}" in listed.stdout and "not built yet" in listed.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["make-dataset", "--dataset", "ttlib/nope-v0"], "ttlib/lunarlander/mixed-v0"),
+    (["evaluate", "--checkpoint", "no/such/file.pt"], "no checkpoint at no/such/file.pt"),
+    (["evaluate", "--beam-width", "0", "--episodes", "1"], "beam_width must be >= 1"),
+    (["bench", "planning", "--preset", "tiny", "--repeats", "0"], "repeats"),
+])
+def test_bad_input_gives_one_clear_line(args, message, minari_root):
+    result = ttlib(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_bench_planning_json_has_the_promised_keys():
+    result = ttlib("bench", "planning", "--preset", "tiny", "--repeats", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    for key in ("ms_per_plan_cached", "ms_per_plan_uncached", "gflop_per_plan", "gflops_achieved", "batch",
+                "beam_width", "horizon", "context", "sample_expand", "device", "torch_threads"):
+        assert key in out
+    assert out["same_plan"] is True and out["ms_per_plan_cached"] > 0 and out["device"] == "cpu"
+
+
+def test_bench_decoding_json():
+    result = ttlib("bench", "decoding", "--preset", "tiny", "--repeats", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["tokens_per_s_cached"] > 0 and out["tokens_per_s_recompute"] > 0
+
+
+def test_train_then_evaluate_from_the_command_line(tmp_path):
+    ckpt = str(tmp_path / "tiny.pt")
+    result = ttlib("train", "--out", ckpt, "--steps", "5", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
+                   "--n-transitions", "4", "--batch-size", "8", "--eval-every", "5", "--eval-batches", "1",
+                   "--export", str(tmp_path / "slim.pt"))
+    assert result.returncode == 0, result.stderr
+    assert "validation loss" in result.stdout
+    assert os.path.getsize(tmp_path / "slim.pt") < os.path.getsize(ckpt)  # no optimiser state
+    result = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "2", "--max-steps", "5", "--beam-width", "2",
+                   "--horizon", "2", "--context", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["episodes"] == 2 and out["steps"] == 10 and "dataset_mean_return" in out
+    assert out["expert_mean_return"] > out["dataset_mean_return"]

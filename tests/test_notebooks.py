@@ -1,0 +1,402 @@
+"""The course notebooks keep the course's conventions, and their exercise solutions agree with ttlib.
+
+nbval runs every notebook for real (`pytest --nbval-lax notebooks`). This file reads them without running them:
+it checks the conventions every notebook shares (Colab badge, setup cell, time estimate, nbgrader exercises,
+cleared outputs), and it executes only the import cells and the exercise solution cells -- which hold nothing but
+function definitions -- to compare each solution with its ttlib counterpart on random inputs. It also tests the
+helpers the notebooks rely on: `ttlib.checks` (the messages learners see) and `ttlib.viz`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ttlib import checks, viz
+from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
+from ttlib.data import OfflineDataset, discounted_values
+from ttlib.model import GPTConfig, TrajectoryGPT
+from ttlib.tokenizer import TrajectoryTokenizer
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+COURSE_NOTEBOOKS = ["00_offline_rl_as_sequence_modeling.ipynb", "01_attention.ipynb", "02_kv_cache.ipynb",
+                    "03_trajectory_tokenizer.ipynb"]
+BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
+STUDENT_STUB = "raise NotImplementedError()"
+
+
+@functools.cache
+def read(name: str):
+    return nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+
+
+def grading(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def solution_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and grading(c).get("solution")]
+
+
+def graded_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and grading(c).get("grade")]
+
+
+def student_version(source: str) -> str:
+    """What nbgrader's generate_assignment leaves of a solution cell: each solution region becomes a stub."""
+    pattern = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
+    return pattern.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}{STUDENT_STUB}", source)
+
+
+@functools.cache
+def solutions(name: str, student: bool = False) -> dict:
+    """The namespace left by a notebook's import-only cells and its solution cells (definitions only)."""
+    namespace: dict = {}
+    for i, cell in enumerate(read(name).cells):
+        if cell.cell_type != "code":
+            continue
+        body = ast.parse(cell.source).body
+        imports_only = all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
+        if grading(cell).get("solution"):
+            allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef)
+            assert all(isinstance(node, allowed) for node in body), f"{name} cell {i}: a solution cell only defines"
+            source = student_version(cell.source) if student else cell.source
+        elif imports_only:
+            source = cell.source
+        else:
+            continue
+        exec(compile(source, f"{name}[cell {i}]", "exec"), namespace)
+    return namespace
+
+
+# ---- conventions ----------------------------------------------------------------------------------------------
+def test_the_first_four_notebooks_exist():
+    assert [p.name for p in NOTEBOOKS][:4] == COURSE_NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_header_badge_goals_time_and_points(name):
+    nb = read(name)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# "), "first cell: a markdown title"
+    badges = BADGE.findall(first.source)
+    assert len(badges) == 1 and badges[0][1] == name, f"one Colab badge linking to notebooks/{name}: {badges}"
+    assert "colab-badge.svg" in first.source
+    goals = first.source.split("Learning goals", 1)[1].split("**Prerequisites", 1)[0]
+    assert 3 <= len(re.findall(r"^- ", goals, re.M)) <= 5, "3 to 5 learning goals"
+    assert "**Prerequisites.**" in first.source
+    assert re.search(r"\*\*Time:\*\* about \d+ min on CPU", first.source), "a 'Time: about N min on CPU' line"
+    assert re.search(r"GPU", first.source.split("**Time:**", 1)[1].split("**Exercises", 1)[0]), "say what a GPU changes"
+    total = re.search(r"(\d+) points in total", first.source)
+    assert total and int(total.group(1)) == sum(grading(c)["points"] for c in graded_cells(nb)), "total points"
+
+
+def test_every_badge_uses_the_same_repository():
+    slugs = {BADGE.findall(read(p.name).cells[0].source)[0][0] for p in NOTEBOOKS}
+    assert len(slugs) == 1, slugs
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_setup_and_device_cells(name):
+    cells = read(name).cells
+    setup = cells[1]
+    assert setup.cell_type == "code" and "setup" in setup.metadata.get("tags", []), "second cell: tagged 'setup'"
+    assert '"google.colab" in sys.modules' in setup.source and "pip" in setup.source
+    code = [c.source for c in cells if c.cell_type == "code"]
+    assert not any(re.search(r"^\s*[!%]", line) for source in code for line in source.splitlines()), "no magics"
+    assert any('torch.device("cuda" if torch.cuda.is_available() else "cpu")' in s for s in code[:4])
+    assert any('os.environ.get("TTLIB_FAST") == "1"' in s for s in code[:4])
+    assert any("ttlib.__version__" in s and "torch.__version__" in s for s in code[:4])
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_outputs_are_cleared(name):
+    for i, cell in enumerate(read(name).cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"cell {i} has outputs: clear them"
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_a_plot_and_a_widget(name):
+    code = "\n".join(c.source for c in read(name).cells if c.cell_type == "code")
+    assert "plt." in code, "at least one matplotlib plot"
+    assert "widgets." in code and ("interactive" in code or "interact(" in code), "at least one ipywidgets widget"
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_exercises_are_nbgrader_ready(name):
+    nb = read(name)
+    graded = [c for c in nb.cells if grading(c)]
+    ids = [grading(c)["grade_id"] for c in graded]
+    assert len(ids) == len(set(ids)), f"duplicate grade_ids: {ids}"
+    for cell in graded:
+        meta = grading(cell)
+        assert meta["schema_version"] == 3 and meta["task"] is False
+    tests = graded_cells(nb)
+    assert 2 <= len(tests) <= 4, "2 to 4 exercises"
+    for cell in solution_cells(nb):
+        meta = grading(cell)
+        assert meta["grade"] is False and meta["locked"] is False
+        assert cell.source.count("### BEGIN SOLUTION") == cell.source.count("### END SOLUTION") >= 1
+    for cell in tests:
+        meta = grading(cell)
+        assert meta["solution"] is False and meta["locked"] is True and meta["points"] > 0
+        assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source
+        assert "from ttlib.checks import" in cell.source, "a visible check from ttlib.checks"
+    # each exercise: markdown stating its points, then solution cell(s), then its test cell
+    order = [("test", grading(c)["points"]) if grading(c).get("grade") else ("solution", None) if grading(c) else
+             ("markdown", c.source) if c.cell_type == "markdown" else ("code", None) for c in nb.cells]
+    for i, (kind, points) in enumerate(order):
+        if kind != "test":
+            continue
+        j = i - 1
+        assert order[j][0] == "solution", f"the cell before test cell {i} is its solution cell"
+        while order[j][0] != "markdown":
+            j -= 1
+        plural = "point" if points == 1 else "points"
+        assert f"({points} {plural})" in order[j][1], f"the exercise before cell {i} states '({points} {plural})'"
+
+
+@pytest.mark.parametrize("name", COURSE_NOTEBOOKS)
+def test_student_version_raises_not_implemented(name):
+    """With the solutions stripped as nbgrader does, every exercise function raises NotImplementedError, and the
+    checks turn that into 'not implemented yet'."""
+    student = solutions(name, student=True)
+    names = {n.name for c in solution_cells(read(name)) for n in ast.parse(c.source).body
+             if isinstance(n, ast.FunctionDef)}
+    assert names
+    for fn_name in names:
+        fn = student[fn_name]
+        n_args = fn.__code__.co_argcount - len(fn.__defaults__ or ())
+        with pytest.raises(AssertionError, match=f"{fn_name} is not implemented yet"):
+            checks.call(fn, *[None] * n_args)
+
+
+# ---- 00: values, returns, scores --------------------------------------------------------------------------------
+def random_rewards(rng):
+    return rng.normal(size=int(rng.integers(1, 80))) * rng.choice([0.1, 1.0, 100.0]), float(rng.uniform(0.3, 1.0))
+
+
+def test_00_discounted_values_agree_with_ttlib():
+    ns = solutions(COURSE_NOTEBOOKS[0])
+    checks.check_function(ns["discounted_values"], discounted_values, random_rewards, trials=20, atol=1e-3, rtol=1e-5)
+
+
+def fake_dataset(rng) -> OfflineDataset:
+    rewards = [rng.normal(size=int(rng.integers(1, 50))).astype(np.float32) for _ in range(int(rng.integers(1, 9)))]
+    arrays = [np.zeros((len(r), 1), np.float32) for r in rewards]
+    flags = [np.zeros(len(r), bool) for r in rewards]
+    return OfflineDataset("x/y-v0", None, {}, 0.99, arrays, arrays, rewards, flags, flags,
+                          [discounted_values(r, 0.99) for r in rewards], None, float(rng.normal()), 5.0)
+
+
+def test_00_returns_and_scores_agree_with_ttlib():
+    ns = solutions(COURSE_NOTEBOOKS[0])
+    for seed in range(10):
+        d = fake_dataset(np.random.default_rng(seed))
+        checks.check_close(ns["episode_returns"](d.rewards), d.returns(), "returns", atol=1e-5)
+        returns = np.random.default_rng(seed).normal(size=7) * 100
+        checks.check_close(ns["normalized_score"](returns, d.ref_min_score, d.ref_max_score),
+                           d.normalized_score(returns), "normalized scores", atol=1e-9)
+
+
+# ---- 01: attention, masks, heads ----------------------------------------------------------------------------------
+def random_attention(rng):
+    B, H, T, D = (int(x) for x in rng.integers(1, 6, size=4))
+    S = T + int(rng.integers(0, 5))
+    mask = torch.rand(T, S) < 0.5
+    mask[:, 0] = True
+    return torch.randn(B, H, T, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D), mask
+
+
+def test_01_attention_agrees_with_torch_and_ttlib():
+    sdpa = solutions(COURSE_NOTEBOOKS[1])["scaled_dot_product_attention"]
+    checks.check_function(sdpa, lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                          random_attention, trials=20, atol=1e-5)
+    checks.check_function(sdpa, explicit_attention, random_attention, trials=10, atol=1e-5, seed=99)
+
+
+def test_01_mask_agrees_with_the_model():
+    mask = solutions(COURSE_NOTEBOOKS[1])["trajectory_mask"]
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        obs, act, n = (int(x) for x in rng.integers(1, 6, size=3))
+        config = GPTConfig(obs_dim=obs, act_dim=act, n_transitions=n, n_layer=1, n_head=1, n_embd=4)
+        checks.check_equal_arrays(mask(config.block_size, config.transition_dim), TrajectoryGPT(config).allowed,
+                                  f"mask obs={obs} act={act} n={n}")
+
+
+def test_01_multi_head_attention_agrees_with_causal_self_attention():
+    mha = solutions(COURSE_NOTEBOOKS[1])["multi_head_attention"]
+    mask = solutions(COURSE_NOTEBOOKS[1])["trajectory_mask"]
+
+    def inputs(rng):
+        H = int(rng.integers(1, 5))
+        C, T = H * int(rng.integers(1, 9)), int(rng.integers(1, 40))
+        return torch.randn(int(rng.integers(1, 4)), T, C), CausalSelfAttention(C, H).eval(), mask(T, 4)
+
+    with torch.no_grad():
+        checks.check_function(lambda x, layer, m: mha(x, layer.qkv, layer.proj, layer.n_head, m),
+                              lambda x, layer, m: layer(x, m), inputs, trials=15, atol=1e-5)
+
+
+# ---- 02: the KV cache ----------------------------------------------------------------------------------------------
+def test_02_cached_step_agrees_with_kv_cache():
+    step = solutions(COURSE_NOTEBOOKS[2])["cached_attention_step"]
+
+    def inputs(rng):
+        B, H, D = (int(x) for x in rng.integers(1, 5, size=3))
+        capacity = int(rng.integers(2, 40))
+        length = int(rng.integers(0, capacity))
+        T = int(rng.integers(1, capacity - length + 1))
+        allowed = torch.ones(T, length + T, dtype=torch.bool).tril(length)  # causal over the stored prefix
+        shape = (B, H, capacity, D)
+        return (*(torch.randn(B, H, T, D) for _ in range(3)), torch.randn(shape), torch.randn(shape), length, allowed)
+
+    def reference(q, k, v, k_buf, v_buf, length, allowed):
+        B, H, capacity, D = k_buf.shape
+        cache = KVCache(2, B, H, D, capacity)
+        cache.k[1], cache.v[1], cache.length = k_buf, v_buf, length
+        keys, values = cache.write(1, k, v)
+        return explicit_attention(q, keys, values, allowed), cache.k[1], cache.v[1]
+
+    def yours(q, k, v, k_buf, v_buf, length, allowed):
+        return step(q, k, v, k_buf, v_buf, length, allowed), k_buf, v_buf
+
+    checks.check_function(yours, reference, inputs, trials=20, atol=1e-5)
+
+
+def test_02_reorder_and_bytes_agree_with_kv_cache():
+    ns = solutions(COURSE_NOTEBOOKS[2])
+    rng = np.random.default_rng(0)
+    for _ in range(15):
+        n_layer, batch, n_head, head_dim, capacity = (int(x) for x in rng.integers(1, 6, size=5))
+        cache = KVCache(n_layer, batch, n_head, head_dim, capacity)
+        cache.k.normal_(), cache.v.normal_()
+        cache.length = int(rng.integers(0, capacity + 1))
+        indices = torch.as_tensor(rng.integers(0, batch, size=int(rng.integers(1, 2 * batch + 1))))
+        assert ns["kv_cache_bytes"](n_layer, batch, n_head, head_dim, capacity) == cache.k.nbytes + cache.v.nbytes
+        k, v = ns["reorder_cache"](cache.k.clone(), cache.v.clone(), indices, cache.length)
+        L = cache.length
+        cache.reorder(indices)
+        checks.check_equal_arrays((k[:, :, :, :L], v[:, :, :, :L]), (cache.k[:, :, :, :L], cache.v[:, :, :, :L]),
+                                  "reordered cache")
+
+
+# ---- 03: the tokenizer ----------------------------------------------------------------------------------------------
+def random_rows(rng):
+    n_obs, n_act = int(rng.integers(1, 5)), int(rng.integers(1, 3))
+    x = rng.standard_t(df=2, size=(int(rng.integers(3, 400)), n_obs + n_act + 2)) * rng.uniform(0.01, 100)
+    if rng.random() < 0.3:
+        x[:, 0] = 1.5  # a constant column
+    if rng.random() < 0.3:
+        x[:, -1] = rng.integers(0, 2, size=len(x))  # a binary column, like LunarLander's leg contacts
+    return x, n_obs, n_act, int(rng.integers(2, 150))
+
+
+def test_03_edges_agree_with_the_tokenizer():
+    ns = solutions(COURSE_NOTEBOOKS[3])
+    for strategy in ["uniform", "quantile"]:
+        checks.check_function(lambda x, o, a, k, s=strategy: ns[f"{s}_edges"](x, k),
+                              lambda x, o, a, k, s=strategy: TrajectoryTokenizer.fit(x, o, a, k, s).edges,
+                              random_rows, trials=20, atol=1e-9, rtol=1e-12, name=f"{strategy}_edges")
+
+
+def test_03_encode_and_decode_agree_with_the_tokenizer():
+    ns = solutions(COURSE_NOTEBOOKS[3])
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        x, n_obs, n_act, k = random_rows(rng)
+        tokenizer = TrajectoryTokenizer.fit(x, n_obs, n_act, k, ["uniform", "quantile"][seed % 2])
+        queries = np.concatenate([x, rng.standard_t(df=2, size=(50, x.shape[1])) * x.std()])  # some out of range
+        bins = ns["encode"](queries, tokenizer.edges)
+        checks.check_equal_arrays(bins, tokenizer.encode(queries, on_clip="ignore"), "bins")
+        checks.check_close(ns["decode"](bins, tokenizer.edges), tokenizer.decode(bins), "decoded", atol=1e-12)
+
+
+# ---- ttlib.checks: the messages learners read -------------------------------------------------------------------
+def failure(fn, *args, **kwargs) -> str:
+    with pytest.raises(AssertionError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+def test_check_close_explains_shapes_values_and_none():
+    assert "shape (2, 3) but should have shape (3, 2)" in failure(checks.check_close, np.ones((2, 3)), np.ones((3, 2)))
+    assert "transpose" in failure(checks.check_close, torch.ones(2, 3), torch.ones(3, 2))
+    message = failure(checks.check_close, torch.tensor([1.0, 2.5, 3.0]), np.array([1.0, 2.0, 3.0]), "out")
+    assert "1 of 3 entries" in message and "at (1,) expected 2, got 2.5" in message and "0.5" in message
+    assert "forget to `return`" in failure(checks.check_close, None, np.ones(2))
+    assert "NaN" in failure(checks.check_close, np.array([np.nan]), np.array([1.0]))
+    checks.check_close(torch.tensor([1.0, np.nan]), np.array([1.0 + 1e-7, np.nan]))  # same NaNs, within atol
+    checks.check_close((torch.ones(2), np.zeros(1)), (np.ones(2), np.zeros(1)))
+    assert "[1]" in failure(checks.check_close, (np.ones(2), np.ones(1)), (np.ones(2), np.zeros(1)))
+
+
+def test_check_equal_arrays_and_check_shape():
+    assert "1 of 3 entries differ" in failure(checks.check_equal_arrays, np.array([1, 2, 3]), np.array([1, 2, 4]))
+    checks.check_shape(torch.ones(2, 5), (2, None))
+    assert "(2, any, 4)" in failure(checks.check_shape, torch.ones(2, 3), (2, None, 4))
+    assert "should have shape (3, any)" in failure(checks.check_shape, np.ones((2, 3)), (3, None))
+
+
+def test_check_function_reports_the_failing_input_and_unfinished_work():
+    def unfinished(x):
+        raise NotImplementedError()
+
+    assert "unfinished is not implemented yet: fill in the cell above" in failure(
+        checks.check_function, lambda x: unfinished(x), lambda x: x, lambda rng: rng.normal(size=3))
+    message = failure(checks.check_function, lambda x: x[:-1], lambda x: x, lambda rng: (torch.randn(4),))
+    assert "trial 1 of 5" in message and "tensor (4,) float32" in message
+    assert "raised ZeroDivisionError" in failure(checks.check_function, lambda x: 1 / 0, lambda x: x,
+                                                 lambda rng: 1.0)
+
+    def writes_into_its_input(x):
+        x += 1
+        return x
+
+    checks.check_function(writes_into_its_input, lambda x: x + 1, lambda rng: (rng.normal(size=5),))  # own copies
+
+
+# ---- ttlib.viz ----------------------------------------------------------------------------------------------------
+def test_attention_maps_are_the_models_weights():
+    torch.manual_seed(0)
+    model = TrajectoryGPT(GPTConfig(obs_dim=2, act_dim=1, n_bins=7, n_layer=2, n_head=2, n_embd=8, n_transitions=3,
+                                    dropout=0.0)).eval()
+    bins = torch.randint(0, 7, (2, model.config.block_size))
+    maps = viz.attention_maps(model, bins)  # (L, B, H, T, T)
+    T = bins.shape[1]
+    assert maps.shape == (2, 2, 2, T, T)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, T))
+    assert torch.all(maps[..., ~model.allowed[:T, :T]] == 0)
+    with torch.no_grad():  # layer 0's weights reproduce layer 0's attention output
+        x = model.tok_emb(bins + model.token_offset[:T]) + model.pos_emb[:T]
+        block = model.blocks[0]
+        h = block.ln_1(x)
+        v = block.attn.qkv(h).split(8, dim=2)[2].view(2, T, 2, 4).transpose(1, 2)
+        y = block.attn.proj((maps[0] @ v).transpose(1, 2).reshape(2, T, 8))
+        torch.testing.assert_close(y, block.attn(h, model.allowed[:T, :T]), atol=1e-6, rtol=0)
+    assert viz.token_labels(2, 1, 6) == ["s0.0", "s1.0", "a0.0", "r.0", "V.0", "s0.1"]
+
+
+def test_interactive_plot_raises_errors_of_its_first_drawing():
+    widgets = pytest.importorskip("ipywidgets")
+
+    def broken(x=1):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        viz.interactive_plot(broken, x=widgets.IntSlider(1))
+    drawn = []
+    box = viz.interactive_plot(lambda x=1: drawn.append(x), x=widgets.IntSlider(3))
+    box.children[0].children[0].value = 5  # moving the slider redraws
+    assert drawn == [3, 5]

@@ -1,0 +1,225 @@
+"""Checks for the course notebooks' exercises: compare your answer with the expected one and say what is wrong.
+
+Every exercise in the notebooks is followed by a test cell that calls one of these helpers. When your answer is
+right they return quietly; when it is wrong they raise an AssertionError whose message is written for you, the
+learner: which shapes differ, how far off the values are and where, a few expected-vs-got values, and for
+`check_function` the random input on which your function first disagreed with the reference (ttlib's version).
+
+    check_close(got, expected, "attention output", atol=1e-5)    # floats, up to a tolerance
+    check_equal_arrays(got, expected, "bins")                    # exactly equal (integers, booleans)
+    check_shape(got, (2, 4, 9, 8), "q")                          # None in the shape matches any size
+    check_function(my_fn, ttlib_fn, make_inputs, trials=5)       # both on random inputs, compared
+
+They accept numpy arrays, torch tensors (on any device), Python numbers and lists, and tuples of those. A
+function that still raises NotImplementedError gets "not implemented yet: fill in the cell above".
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]
+
+_SHOW = 3  # how many mismatching entries a message lists
+
+
+def _is_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _to_numpy(x, name: str) -> np.ndarray:
+    """numpy view of an answer; None and other non-arrays get a message instead of a numpy error."""
+    if x is None:
+        raise AssertionError(f"{name} is None: did your function forget to `return` its result?")
+    if _is_tensor(x):
+        return x.detach().cpu().numpy()
+    try:
+        array = np.asarray(x)
+    except Exception as error:  # ragged lists and the like
+        raise AssertionError(f"{name} could not be read as an array ({type(x).__name__}): {error}") from None
+    if array.dtype == object:
+        raise AssertionError(f"{name} is a {type(x).__name__} that is not a plain array of numbers")
+    return array
+
+
+def _fmt(value) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return f"{float(value):.6g}"
+
+
+def _index(flat: int, shape: tuple) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def _fmt_shape(shape: tuple) -> str:
+    """(2, None, 4) -> "(2, any, 4)": None in an expected shape matches any size."""
+    return "(" + ", ".join("any" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _shape_message(name: str, got: tuple, expected: tuple) -> str:
+    message = f"{name} has shape {_fmt_shape(got)} but should have shape {_fmt_shape(expected)}."
+    if None not in expected and int(np.prod(got)) == int(np.prod(expected)):
+        message += " Same number of entries, so a reshape, transpose or view is probably missing or wrong."
+    elif len(got) != len(expected):
+        message += f" It has {len(got)} axes instead of {len(expected)}: an axis is missing or extra."
+    return message
+
+
+def _pair(got, expected, name: str):
+    """(got, expected) as numpy arrays of the same shape, or an AssertionError that says why not."""
+    g, e = _to_numpy(got, name), _to_numpy(expected, f"the expected {name}")
+    if g.shape != e.shape:
+        raise AssertionError(_shape_message(name, g.shape, e.shape))
+    return g, e
+
+
+def _mismatch_message(name: str, bad: np.ndarray, g: np.ndarray, e: np.ndarray, what: str) -> str:
+    flat = np.flatnonzero(bad)
+    examples = "; ".join(f"at {_index(i, g.shape)} expected {_fmt(e.flat[i])}, got {_fmt(g.flat[i])}"
+                         for i in flat[:_SHOW])
+    return f"{name}: {len(flat)} of {g.size} entries {what}. First: {examples}."
+
+
+def _split_tuple(got, expected, name: str, check: Callable, **kwargs) -> bool:
+    """Compare a tuple of results part by part. Returns False when `expected` is not a tuple (lists are arrays)."""
+    if not isinstance(expected, tuple):
+        return False
+    if not isinstance(got, (tuple, list)):
+        raise AssertionError(f"{name} should be a tuple of {len(expected)} results, got a {type(got).__name__}")
+    if len(got) != len(expected):
+        raise AssertionError(f"{name} should have {len(expected)} parts, got {len(got)}")
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        check(g, e, f"{name}[{i}]", **kwargs)
+    return True
+
+
+def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: float = 0.0) -> None:
+    """Assert |got - expected| <= atol + rtol * |expected| everywhere (NaN only where expected is NaN).
+
+    On failure the message gives both shapes (if they differ), or how many entries are off, the largest absolute
+    difference and where it is, and a few expected-vs-got values.
+    """
+    if _split_tuple(got, expected, name, check_close, atol=atol, rtol=rtol):
+        return
+    g, e = _pair(got, expected, name)
+    g, e = g.astype(np.float64), e.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(g - e)
+        ok = (diff <= atol + rtol * np.abs(e)) | (np.isnan(g) & np.isnan(e)) | (g == e)  # g == e: same infinities
+    if ok.all():
+        return
+    bad = ~ok
+    tolerance = f"atol={atol:g}" + (f" + rtol={rtol:g} * |expected|" if rtol else "")
+    message = _mismatch_message(name, bad, g, e, f"differ by more than {tolerance}")
+    finite = np.where(bad & np.isfinite(diff), diff, -1.0)
+    if finite.max() >= 0:
+        worst = int(finite.argmax())
+        message += (f" Largest absolute difference: {finite.flat[worst]:.3g} at {_index(worst, g.shape)} "
+                    f"(expected {_fmt(e.flat[worst])}, got {_fmt(g.flat[worst])}).")
+    if np.isnan(g).any() and not np.isnan(e).any():
+        message += (f" Your {name} contains NaN, which usually comes from 0/0, inf - inf, or a softmax over a row "
+                    "whose entries are all -inf (every key masked).")
+    raise AssertionError(message)
+
+
+def check_equal_arrays(got, expected, name: str = "result") -> None:
+    """Assert got == expected exactly, entry by entry (for integers such as bins and booleans such as masks)."""
+    if _split_tuple(got, expected, name, check_equal_arrays):
+        return
+    g, e = _pair(got, expected, name)
+    bad = g != e
+    if bad.any():
+        raise AssertionError(_mismatch_message(name, bad, g, e, "differ"))
+
+
+def check_shape(got, shape, name: str = "result") -> None:
+    """Assert got.shape matches `shape`; an entry None in `shape` matches any size on that axis."""
+    actual = tuple(got.shape) if hasattr(got, "shape") else _to_numpy(got, name).shape
+    shape = tuple(shape)
+    if len(actual) != len(shape):
+        raise AssertionError(_shape_message(name, actual, shape))
+    if any(s is not None and s != a for s, a in zip(shape, actual, strict=True)):
+        raise AssertionError(f"{name} has shape {_fmt_shape(actual)} but should have shape {_fmt_shape(shape)}.")
+
+
+def call(fn: Callable, *args, **kwargs) -> Any:
+    """fn(*args, **kwargs), turning NotImplementedError (an unsolved exercise) into a friendly AssertionError."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as error:
+        tb = error.__traceback__
+        while tb.tb_next is not None:  # the function that raised it, not a wrapper around it
+            tb = tb.tb_next
+        name = tb.tb_frame.f_code.co_name
+        name = name if name.isidentifier() else getattr(fn, "__name__", "this function")
+        raise AssertionError(f"{name} is not implemented yet: fill in the cell above (replace the "
+                             "`raise NotImplementedError()`) and run it, then run this cell again.") from None
+
+
+def _describe(value) -> str:
+    if _is_tensor(value) or isinstance(value, np.ndarray):
+        kind = "tensor" if _is_tensor(value) else "array"
+        text = f"{kind} {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+        if (value.size if isinstance(value, np.ndarray) else value.numel()) <= 8:
+            text += " [" + ", ".join(_fmt(x) for x in _to_numpy(value, "input").ravel()) + "]"
+        return text
+    if isinstance(value, (list, tuple)) and len(value) > 8:
+        return f"{type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _describe_inputs(args, kwargs) -> str:
+    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def check_function(fn: Callable, reference: Callable, make_inputs: Callable, trials: int = 5, atol: float = 1e-5,
+                   rtol: float = 0.0, exact: bool = False, name: str | None = None, seed: int = 0) -> None:
+    """Call `fn` and `reference` on `trials` random inputs and compare the results.
+
+    make_inputs(rng) gets a numpy Generator (torch is seeded too, so it may use torch.randn) and returns the
+    positional arguments as a tuple, or a dict of keyword arguments, or a pair (args tuple, kwargs dict). Each
+    function gets its own copy of the inputs, so one that writes into its inputs cannot spoil the other's.
+    exact=True compares with `check_equal_arrays`, otherwise `check_close(atol, rtol)`. The message names the
+    trial and describes the input on which `fn` first went wrong.
+    """
+    name = name or getattr(fn, "__name__", "your function")
+    for trial in range(trials):
+        rng = np.random.default_rng(seed + trial)
+        try:
+            import torch
+
+            torch.manual_seed(seed + trial)
+        except ImportError:  # numpy-only exercises work without torch
+            pass
+        inputs = make_inputs(rng)
+        if isinstance(inputs, dict):
+            args, kwargs = (), inputs
+        elif isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], dict) \
+                and isinstance(inputs[0], tuple):
+            args, kwargs = inputs
+        else:
+            args, kwargs = (inputs if isinstance(inputs, tuple) else (inputs,)), {}
+        expected = reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        where = f"trial {trial + 1} of {trials}, inputs: {_describe_inputs(args, kwargs)}"
+        try:
+            got = call(fn, *copy.deepcopy(args), **copy.deepcopy(kwargs))
+        except AssertionError:
+            raise
+        except Exception as error:
+            raise AssertionError(f"{name} raised {type(error).__name__}: {error}\n  ({where})") from error
+        try:
+            if exact:
+                check_equal_arrays(got, expected, name)
+            else:
+                check_close(got, expected, name, atol=atol, rtol=rtol)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n  ({where})") from None
