@@ -25,11 +25,12 @@ from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
 from ttlib.model import GPTConfig, TrajectoryGPT
 from ttlib.tokenizer import TrajectoryTokenizer
+from ttlib.train import TrainConfig, learning_rate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 COURSE_NOTEBOOKS = ["00_offline_rl_as_sequence_modeling.ipynb", "01_attention.ipynb", "02_kv_cache.ipynb",
-                    "03_trajectory_tokenizer.ipynb"]
+                    "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb"]
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
 
@@ -79,8 +80,8 @@ def solutions(name: str, student: bool = False) -> dict:
 
 
 # ---- conventions ----------------------------------------------------------------------------------------------
-def test_the_first_four_notebooks_exist():
-    assert [p.name for p in NOTEBOOKS][:4] == COURSE_NOTEBOOKS
+def test_the_course_notebooks_exist():
+    assert [p.name for p in NOTEBOOKS][:len(COURSE_NOTEBOOKS)] == COURSE_NOTEBOOKS
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
@@ -321,6 +322,72 @@ def test_03_encode_and_decode_agree_with_the_tokenizer():
         bins = ns["encode"](queries, tokenizer.edges)
         checks.check_equal_arrays(bins, tokenizer.encode(queries, on_clip="ignore"), "bins")
         checks.check_close(ns["decode"](bins, tokenizer.edges), tokenizer.decode(bins), "decoded", atol=1e-12)
+
+
+# ---- 04: the Trajectory GPT -------------------------------------------------------------------------------------
+def random_gpt(rng, **overrides) -> TrajectoryGPT:
+    config = dict(obs_dim=int(rng.integers(1, 6)), act_dim=int(rng.integers(1, 4)), n_bins=int(rng.integers(2, 40)),
+                  n_layer=1, n_head=2, n_embd=8, n_transitions=int(rng.integers(1, 4)), dropout=0.0)
+    model = TrajectoryGPT(GPTConfig(**{**config, **overrides})).eval()
+    torch.nn.init.normal_(model.head_bias)  # non-zero, so that a bias mistake shows
+    return model
+
+
+def test_04_token_ids_agree_with_the_models_offsets():
+    token_ids = solutions(COURSE_NOTEBOOKS[4])["token_ids"]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        model = random_gpt(rng)
+        c = model.config
+        start = int(rng.integers(0, c.block_size))
+        bins = torch.as_tensor(rng.integers(0, c.n_bins, size=(3, int(rng.integers(1, c.block_size - start + 1)))))
+        expected = bins + model.token_offset[start:start + bins.shape[1]]
+        checks.check_equal_arrays(token_ids(bins, start, c.transition_dim, c.n_bins), expected, "token ids")
+
+
+def test_04_heads_agree_with_the_models_logits():
+    heads = solutions(COURSE_NOTEBOOKS[4])["heads"]
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        model = random_gpt(rng)
+        c = model.config
+        start = int(rng.integers(0, c.block_size))
+        bins = torch.as_tensor(rng.integers(0, c.n_bins, size=(2, int(rng.integers(1, c.block_size - start + 1)))))
+        seen = []
+        hook = model.ln_f.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output))
+        with torch.no_grad():
+            cache = model.new_cache(2)
+            if start:
+                model(torch.as_tensor(rng.integers(0, c.n_bins, size=(2, start))), cache=cache)
+            logits, _ = model(bins, cache=cache)
+            got = heads(seen[-1], model.head_weight, model.head_bias, start)
+        hook.remove()
+        checks.check_close(got, logits, f"heads (start {start})", atol=1e-5)
+
+
+def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
+    loss_fn = solutions(COURSE_NOTEBOOKS[4])["weighted_cross_entropy"]
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        model = random_gpt(rng, action_weight=float(rng.uniform(1, 6)), reward_weight=float(rng.uniform(0.5, 2)))
+        c = model.config
+        B, T = int(rng.integers(1, 5)), int(rng.integers(1, c.block_size + 1))
+        bins, targets = (torch.as_tensor(rng.integers(0, c.n_bins, size=(B, T))) for _ in range(2))
+        mask = torch.as_tensor(rng.random((B, T)) < 0.7, dtype=torch.float32)
+        with torch.no_grad():
+            logits, loss = model(bins, targets, mask)
+            checks.check_close(loss_fn(logits, targets, mask, model.dim_weight), loss, "loss", atol=1e-5)
+
+
+def test_04_learning_rate_agrees_with_ttlib():
+    lr_fn = solutions(COURSE_NOTEBOOKS[4])["learning_rate"]
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        total = int(rng.integers(1, 3000))
+        warmup, lr = int(rng.integers(1, total + 1)), float(rng.uniform(1e-5, 1e-2))
+        config = TrainConfig(steps=total, warmup_steps=warmup, lr=lr, min_lr=lr * float(rng.uniform(0, 1)))
+        step = int(rng.integers(0, total + 100))
+        assert abs(lr_fn(step, warmup, total, lr, config.min_lr) - learning_rate(step, config)) <= 1e-12 * lr
 
 
 # ---- ttlib.checks: the messages learners read -------------------------------------------------------------------

@@ -109,3 +109,18 @@ def test_unreadable_checkpoints_fail_clearly(tmp_path):
     cut.write_bytes(open(good, "rb").read()[: os.path.getsize(good) // 2])
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         read_checkpoint(str(cut))
+
+
+def test_the_shipped_checkpoint_loads_and_fits_the_course_dataset():
+    from ttlib.train import default_checkpoint
+
+    path = default_checkpoint()
+    assert os.path.getsize(path) < 10 * 2**20
+    model, tokenizer, payload = load_checkpoint(path, device="cpu")
+    assert "optimizer" not in payload  # slim: weights, config, tokenizer, dataset facts
+    c = model.config
+    shape = (c.obs_dim, c.act_dim, c.n_bins, c.n_layer, c.n_head, c.n_embd, c.n_transitions)
+    assert shape == (8, 2, 100, 4, 4, 128, 10)
+    assert payload["dataset"]["id"] == ttdata.DEFAULT_DATASET
+    assert payload["history"][-1]["val_loss"] < 0.6 * payload["history"][0]["val_loss"]
+    assert tokenizer.n_bins == 100 and tokenizer.strategy == "quantile"
