@@ -54,6 +54,17 @@ class PlannerConfig:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
+def course_planner(**overrides) -> PlannerConfig:
+    """The planner setting used for the course's LunarLander checkpoint (README, notebooks 05-08, `ttlib evaluate`).
+
+    A short context and horizon with top-k action sampling: on this small, briefly trained model a long context
+    makes the closed-loop agent copy its own past actions. Keyword arguments override single fields.
+    """
+    settings = dict(beam_width=32, horizon=3, sample_expand=4, context=1, top_k_action=20)
+    settings.update(overrides)
+    return PlannerConfig(**settings)
+
+
 @dataclass
 class Plan:
     actions: torch.Tensor  # (E, H, act_dim) decoded actions of the best plan per environment
