@@ -47,6 +47,14 @@ def test_bench_planning_json_has_the_promised_keys():
     assert out["same_plan"] is True and out["ms_per_plan_cached"] > 0 and out["device"] == "cpu"
 
 
+def test_bench_profile_splits_the_time_of_a_plan():
+    result = ttlib("bench", "profile", "--preset", "tiny", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert abs(sum(out["time_shares"].values()) - 1) < 0.01 and out["time_shares"]["matmul"] > 0
+    assert out["aten_ops_per_plan"] > 100 and out["op_time_ms"] > 0
+
+
 def test_bench_decoding_json():
     result = ttlib("bench", "decoding", "--preset", "tiny", "--repeats", "1", "--json")
     assert result.returncode == 0, result.stderr

@@ -89,10 +89,14 @@ def test_sample_bins_follows_the_distribution_and_top_k():
     counts = torch.bincount(sample_bins(logits, u), minlength=3).float() / 30000
     torch.testing.assert_close(counts, torch.tensor([0.1, 0.2, 0.7]), atol=0.02, rtol=0)
     assert set(sample_bins(logits, u, top_k=1).tolist()) == {2}
+    nucleus = torch.bincount(sample_bins(logits, u, top_p=0.8), minlength=3).float() / 30000  # keeps 0.7, 0.2
+    torch.testing.assert_close(nucleus, torch.tensor([0.0, 2 / 9, 7 / 9]), atol=0.02, rtol=0)
+    assert set(sample_bins(logits, u, top_p=0.5).tolist()) == {2}
 
 
 @pytest.mark.parametrize("field, value", [("beam_width", 0), ("horizon", 0), ("sample_expand", 0),
-                                          ("context", 0), ("temperature", 0.0)])
+                                          ("context", 0), ("temperature", 0.0), ("top_p_action", 0.0),
+                                          ("top_p_action", 1.5)])
 def test_bad_planner_settings_raise(field, value):
     model, tok = tiny()
     config = PlannerConfig(beam_width=2, horizon=2, context=2)
@@ -118,3 +122,19 @@ def test_flop_count_matches_halfcheetah_scale():
     model, _ = random_model(PRESETS["halfcheetah"])
     gflop = plan_flops(model.config, PlannerConfig(), batch=1) / 1e9
     assert 5 < gflop < 20  # ~10 GFLOP: 64 children x (6+1) tokens + 32 survivors x (1+17) tokens, 5 steps
+
+
+def test_planning_runs_in_evaluation_mode_and_restores_the_mode():
+    """Dropout must not randomise plans: a model left in training mode plans like the same model in eval mode."""
+    model, tok = tiny(torch.float32)
+    model.config.dropout = 0.5
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.5
+    prefix, keys = prefix_for(model, 2, 3), torch.tensor([1, 2])
+    config = PlannerConfig(beam_width=4, horizon=2, context=3)
+    reference = beam_plan(model.eval(), tok, prefix, keys, config)
+    model.train()
+    again = beam_plan(model, tok, prefix, keys, config)
+    assert model.training
+    assert torch.equal(reference.bins, again.bins)

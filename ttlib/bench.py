@@ -3,6 +3,7 @@
     ttlib bench decoding                  cached vs recompute decoding, tokens/s, at a sequence of 250
     ttlib bench planning --batch 1        cached vs uncached beam search, ms per plan, GFLOP/s achieved
     ttlib bench rollouts                  vectorized vs sequential evaluation of the same episodes
+    ttlib bench profile                   where a cached plan's time goes, by kind of operation
     ttlib bench training                  training tokens/s
 
 Timings are medians of several runs after warm-up. Costs do not depend on the weights, so the presets use
@@ -158,6 +159,33 @@ def bench_planning(preset: str = "halfcheetah", batch: int = 1, repeats: int = 5
             "ms_per_plan_cached": 1000 * t_cached, "ms_per_plan_uncached": 1000 * t_uncached,
             "speedup": t_uncached / t_cached, "same_plan": same, "gflop_per_plan": flops / 1e9,
             "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype, **environment()}
+
+
+def profile_planning(preset: str = "halfcheetah", batch: int = 1, device: str = "cpu") -> dict:
+    """Where one cached plan's time goes: shares of self time by kind of operation (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p = PRESETS[preset]
+    model, tokenizer = random_model(p, device)
+    planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
+                            sample_expand=p.sample_expand)
+    prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * model.config.transition_dim + p.obs_dim),
+                           device=device)
+    beam_plan(model, tokenizer, prefix, torch.arange(batch), planner)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        beam_plan(model, tokenizer, prefix, torch.arange(batch), planner)
+    kinds = {"matmul": ("addmm", "bmm", "mm"), "softmax, gelu, layer norm": ("_softmax", "gelu", "native_layer_norm"),
+             "copies (cache writes, beam selection, cat)": ("copy_", "index_select", "cat", "index")}
+    shares = dict.fromkeys([*kinds, "everything else (small ops, views, Python)"], 0.0)
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    for e in prof.key_averages():
+        name = e.key.removeprefix("aten::")
+        kind = next((k for k, ops in kinds.items() if name in ops), "everything else (small ops, views, Python)")
+        shares[kind] += e.self_cpu_time_total / total
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    return {"benchmark": "planning-profile", "preset": preset, "batch": batch, "aten_ops_per_plan": ops,
+            "op_time_ms": total / 1000, "time_shares": {k: round(v, 3) for k, v in shares.items()},
+            **environment()}
 
 
 def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | None = None,

@@ -4,7 +4,7 @@
     ttlib datasets                                  list the Minari datasets on this machine
     ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
     ttlib evaluate [--checkpoint PATH] --episodes 10
-    ttlib bench {decoding,planning,rollouts,training} [--json]
+    ttlib bench {decoding,planning,profile,rollouts,training} [--json]
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def _planner_from(args):
     from .planning import PlannerConfig
 
     return PlannerConfig(beam_width=args.beam_width, horizon=args.horizon, sample_expand=args.expand,
-                         context=args.context, top_k_action=args.top_k)
+                         context=args.context, top_k_action=args.top_k or None,
+                         top_p_action=args.top_p)
 
 
 def _cmd_evaluate(args):
@@ -97,6 +98,8 @@ def _cmd_bench(args):
     elif args.which == "planning":
         out = bench.bench_planning(args.preset, batch=args.batch, repeats=args.repeats,
                                    uncached_repeats=args.uncached_repeats, device=args.device, dtype=args.dtype)
+    elif args.which == "profile":
+        out = bench.profile_planning(args.preset, batch=args.batch, device=args.device)
     elif args.which == "rollouts":
         out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps)
     else:
@@ -148,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
-    p.add_argument("which", choices=["decoding", "planning", "rollouts", "training"])
+    p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training"])
     p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
     p.add_argument("--batch", type=int, default=1, help="environments planned at once")
     p.add_argument("--repeats", type=int, default=5)
@@ -163,14 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _planner_args(p):
-    from .planning import PlannerConfig
+    from .planning import course_planner
 
-    d = PlannerConfig()
+    d = course_planner()
     p.add_argument("--beam-width", type=int, default=d.beam_width)
     p.add_argument("--horizon", type=int, default=d.horizon)
     p.add_argument("--expand", type=int, default=d.sample_expand)
     p.add_argument("--context", type=int, default=d.context)
-    p.add_argument("--top-k", type=int, default=d.top_k_action)
+    p.add_argument("--top-k", type=int, default=d.top_k_action, help="0: sample actions from all bins")
+    p.add_argument("--top-p", type=float, default=d.top_p_action, help="nucleus for actions (1: all bins)")
 
 
 def _cuda() -> bool:

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .attention import KVCache
 from .model import TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
 
@@ -38,6 +38,7 @@ class PlannerConfig:
     sample_expand: int = 2  # children sampled from every kept plan at each step
     context: int = 5  # transitions of history the model sees, the current observation's included
     top_k_action: int | None = None  # sample actions among the k likeliest bins only (None: all)
+    top_p_action: float | None = None  # ...and among the likeliest bins that hold this much probability (None: all)
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
@@ -48,6 +49,8 @@ class PlannerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_k_action is not None and self.top_k_action < 1:
             raise ValueError(f"top_k_action must be >= 1 or None, got {self.top_k_action}")
+        if self.top_p_action is not None and not 0 < self.top_p_action <= 1:
+            raise ValueError(f"top_p_action must be in (0, 1] or None, got {self.top_p_action}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 < self.gamma <= 1:
@@ -96,12 +99,20 @@ def counter_uniform(keys: torch.Tensor, counter: int, rows: torch.Tensor) -> tor
 
 
 def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None = None,
-                temperature: float = 1.0) -> torch.Tensor:
-    """Inverse-CDF sampling: logits (B, N), uniform (B,) -> bins (B,)."""
+                temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
+    """Inverse-CDF sampling: logits (B, N), uniform (B,) -> bins (B,).
+
+    top_k keeps the k likeliest bins; top_p ("nucleus") keeps the likeliest bins until they hold a probability
+    of at least top_p. On data from a mixture of policies, top_p drops the rare, random-looking actions.
+    """
     logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)  # (B, N) likeliest first
+        outside = probs.cumsum(dim=-1) - probs >= top_p  # bins after the nucleus already holds top_p
+        logits = logits.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
     cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)  # (B, N)
     threshold = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]  # (B, 1)
     bins = torch.searchsorted(cdf, threshold, right=True)[:, 0]
@@ -110,35 +121,92 @@ def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None =
 
 # ---- decoders: where the next token's logits come from ------------------------------------------------------
 class CachedDecoder:
-    """Runs the context once, then one token at a time on KV caches that share what rows have in common.
+    """One token at a time for every row, on a KV cache laid out for beam search.
 
-    Three levels: the context (one row per environment), the beams (W rows per environment) and, while a step
-    samples actions and reward, the children (X rows per beam). Selecting children copies only their few new
-    tokens into the chosen beams; expanding beams into children copies nothing.
+    Two levels of keys and values per layer:
+      context (E, H, Pc, D)   each environment's context, computed once and shared by all of its rows
+      rows    (B, H, n, D)    what each row (a beam, or a child of one) has generated since, in a buffer of
+                              `new_tokens` slots; expanding or selecting rows copies only these few tokens
+    Value tokens are never attended to (the value rule), so their keys and values are simply never stored: the
+    decoder needs no attention mask at all, and the result is exactly what the masked model computes.
+
+    `_step` is the model's forward pass for one new token per row, written out with as few PyTorch operations
+    as possible: at beam-search sizes (32-64 rows) the cost of launching an operation rivals its arithmetic.
     """
 
     def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
+        c = model.config
         E, P = prefix.shape
+        H, D = c.n_head, c.n_embd // c.n_head
+        self.model, self.td, self.n_bins, self.H, self.D = model, c.transition_dim, c.n_bins, H, D
+        self.E, self.position, self.n = E, P, 0  # environments, next absolute position, row tokens stored
+
         context = model.new_cache(E, capacity=P)
         logits, _ = model(prefix, cache=context, last_only=True)  # (E, 1, N)
-        self.model = model
-        self.beams = KVCache.shared(context, beams_per_env, capacity=new_tokens)
-        self.active = self.beams  # where the next token goes: the beams, or their children
+        attended = torch.arange(P, device=prefix.device) % self.td != self.td - 1  # all but value tokens
+        self.context_k = context.k[:, :, :, attended]  # (L, E, H, Pc, D)
+        self.context_v = context.v[:, :, :, attended]
+        self.rows = context.k.new_empty(2, c.n_layer, E * beams_per_env, H, new_tokens, D)  # k and v per row
         self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
 
-    def feed(self, bins: torch.Tensor) -> torch.Tensor:
-        logits, _ = self.model(bins[:, None], cache=self.active, last_only=True)
-        return logits[:, 0]  # (rows, N)
+        # the weights, arranged once for addmm; 1/sqrt(D) folded into the query projection
+        scale = torch.ones(3 * c.n_embd, device=prefix.device, dtype=context.k.dtype)
+        scale[:c.n_embd] = D ** -0.5
+        self.layers = []
+        for block in model.blocks:
+            a, m = block.attn, block.mlp
+            self.layers.append((block.ln_1, (a.qkv.weight * scale[:, None]).t().contiguous(), a.qkv.bias * scale,
+                                a.proj.weight.t().contiguous(), a.proj.bias, block.ln_2,
+                                m.up.weight.t().contiguous(), m.up.bias, m.down.weight.t().contiguous(), m.down.bias))
 
-    def expand(self, children: int, capacity: int) -> None:
-        self.active = KVCache.shared(self.beams, children, capacity)
+    def _step(self, bins: torch.Tensor) -> torch.Tensor:
+        """bins (B,) of the token at `self.position` for every row -> logits (B, N) of the next token."""
+        model, E, H, D, n = self.model, self.E, self.H, self.D, self.n
+        B = bins.shape[0]
+        R = B // E  # rows per environment
+        dim = self.position % self.td
+        is_value = dim == self.td - 1
+        x = model.tok_emb.weight[dim * self.n_bins:(dim + 1) * self.n_bins][bins] + model.pos_emb[self.position]
+        seen = n if is_value else n + 1  # row tokens this token attends to (a value token not even itself)
+        for layer, (ln_1, w_qkv, b_qkv, w_proj, b_proj, ln_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
+            h = F.layer_norm(x, ln_1.normalized_shape, ln_1.weight, ln_1.bias, ln_1.eps)
+            q, k, v = torch.addmm(b_qkv, h, w_qkv).view(B, 3, H, D).unbind(1)  # each (B, H, D)
+            keys, values = self.rows[0, layer], self.rows[1, layer]  # (B, H, capacity, D)
+            if not is_value:
+                keys[:, :, n] = k
+                values[:, :, n] = v
+            q_env = q.view(E, R, H, D).transpose(1, 2)  # (E, H, R, D)
+            scores = torch.cat([(q_env @ self.context_k[layer].transpose(-2, -1)).transpose(1, 2),  # (E, R, H, Pc)
+                                (q.unsqueeze(2) @ keys[:, :, :seen].transpose(-2, -1)).view(E, R, H, seen)], dim=-1)
+            weights = torch.softmax(scores, dim=-1)  # (E, R, H, Pc + seen)
+            Pc = self.context_k.shape[3]
+            y = (weights[..., Pc:].reshape(B, H, 1, seen) @ values[:, :, :seen]).view(E, R, H, D)
+            y += (weights[..., :Pc].transpose(1, 2) @ self.context_v[layer]).transpose(1, 2)  # (E, R, H, D)
+            x = x + torch.addmm(b_proj, y.view(B, H * D), w_proj)
+            h = F.layer_norm(x, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.eps)
+            x = x + torch.addmm(b_down, F.gelu(torch.addmm(b_up, h, w_up)), w_down)
+        self.position += 1
+        self.n += 0 if is_value else 1
+        x = F.layer_norm(x, model.ln_f.normalized_shape, model.ln_f.weight, model.ln_f.bias, model.ln_f.eps)
+        nxt = self.position % self.td
+        return torch.addmm(model.head_bias[nxt], x, model.head_weight[nxt])  # (B, N)
+
+    def feed(self, bins: torch.Tensor) -> torch.Tensor:
+        return self._step(bins)
+
+    def _take(self, rows: torch.Tensor) -> None:
+        """Rows become rows[indices]; only the stored tokens are copied."""
+        new = self.rows.new_empty(*self.rows.shape[:2], rows.numel(), *self.rows.shape[3:])
+        torch.index_select(self.rows[:, :, :, :, :self.n], 2, rows, out=new[:, :, :, :, :self.n])
+        self.rows = new
+
+    def expand(self, children: int) -> None:
+        B = self.rows.shape[2]
+        self._take(torch.arange(B, device=self.rows.device).repeat_interleave(children))
 
     def select(self, keep: torch.Tensor) -> None:
-        """keep (E*W,): the children that become the new beams."""
-        children = self.active
-        self.beams.reorder(keep // (children.batch // self.beams.batch))  # each child's parent beam
-        self.beams.extend(children, keep)
-        self.active = self.beams
+        """keep (E*W,): the rows that become the new beams."""
+        self._take(keep)
 
 
 class RecomputeDecoder:
@@ -153,7 +221,7 @@ class RecomputeDecoder:
         self.sequence = torch.cat([self.sequence, bins[:, None]], dim=1)
         return self.model(self.sequence, last_only=True)[0][:, 0]
 
-    def expand(self, children: int, capacity: int) -> None:
+    def expand(self, children: int) -> None:
         self.sequence = self.sequence.repeat_interleave(children, dim=0)
 
     def select(self, keep: torch.Tensor) -> None:
@@ -173,14 +241,24 @@ def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
                          f"do not fit the model's window of {n} transitions; lower context or horizon")
 
 
-@torch.inference_mode()
 def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
               config: PlannerConfig) -> Plan:
     """Plan for E environments at once.
 
     prefix (E, P): every environment's context as bins, ending with its current observation (all E the same
     length). keys (E,) int64: one random key per environment and decision (e.g. hash of seed and step).
+    The model always plans in evaluation mode (no dropout); its mode is restored afterwards.
     """
+    was_training = model.training
+    model.eval()
+    try:
+        return _beam_plan(model, tokenizer, prefix, keys, config)
+    finally:
+        model.train(was_training)
+
+
+@torch.inference_mode()
+def _beam_plan(model, tokenizer, prefix, keys, config) -> Plan:
     config.validate()
     c = model.config
     O, A, td = c.obs_dim, c.act_dim, c.transition_dim
@@ -214,13 +292,13 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
 
     for t in range(H):
         # expand: each beam becomes X children, which share its past in the cache
-        decoder.expand(X, capacity=A + 1)
+        decoder.expand(X)
         logits = logits.repeat_interleave(X, dim=0)
         generated, discounted_rewards = generated.repeat_interleave(X, 0), discounted_rewards.repeat_interleave(X, 0)
         rewards, values = rewards.repeat_interleave(X, 0), values.repeat_interleave(X, 0)
         for _ in range(A):  # sample the action, one dimension at a time
             bins = sample_bins(logits, counter_uniform(row_keys, counter, rows), config.top_k_action,
-                               config.temperature)
+                               config.temperature, config.top_p_action)
             counter += 1
             append(bins)
             logits = decoder.feed(bins)
