@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -156,23 +154,17 @@ def test_vectorized_evaluation_equals_one_by_one():
     np.testing.assert_allclose(together.returns, alone.returns, atol=1e-3)
 
 
-def ttlib(*args):
-    return subprocess.run([sys.executable, "-m", "ttlib", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
-
-
 def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
+    # in-process (ttlib.cli.main is what `python -m ttlib` runs; tests/test_cli.py covers the subprocess path)
     ckpt = str(tmp_path / "dt.pt")
-    result = ttlib("train", "--model", "dt", "--out", ckpt, "--steps", "4", "--n-layer", "1", "--n-embd", "16",
-                   "--context", "4", "--batch-size", "4", "--eval-every", "2", "--eval-batches", "1",
-                   "--export", str(tmp_path / "slim.pt"))
-    assert result.returncode == 0, result.stderr
-    assert "Decision Transformer" in result.stdout
+    assert main(["train", "--model", "dt", "--out", ckpt, "--steps", "4", "--n-layer", "1", "--n-embd", "16",
+                 "--context", "4", "--batch-size", "4", "--eval-every", "2", "--eval-batches", "1",
+                 "--export", str(tmp_path / "slim.pt")]) == 0
+    assert "Decision Transformer" in capsys.readouterr().out
     assert os.path.getsize(tmp_path / "slim.pt") < os.path.getsize(ckpt)
-    result = ttlib("evaluate", "--checkpoint", str(tmp_path / "slim.pt"), "--episodes", "2", "--max-steps", "6",
-                   "--target-return", "123", "--json")
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "slim.pt"), "--episodes", "2", "--max-steps", "6",
+                 "--target-return", "123", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
     assert out["model"] == "dt" and out["target_return"] == 123 and out["steps"] == 12 and len(out["returns"]) == 2
     for args, message in [
         (("evaluate", "--model", "dt", "--checkpoint", os.path.join(ROOT, "assets", "tt_lunarlander.pt")),
@@ -180,8 +172,9 @@ def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
         (("evaluate", "--model", "tt", "--checkpoint", ckpt), "not a 'trajectory-gpt'"),
         (("evaluate", "--target-return", "100", "--episodes", "1"), "--target-return is for Decision"),
         (("train", "--model", "dt", "--out", ckpt, "--n-bins", "10"), "--model dt has no option --n-bins"),
+        (("train", "--out", ckpt, "--context", "10"), "are Decision Transformer options"),
     ]:
-        assert main(list(args)) == 2, args  # in-process: the same code path, without starting Python again
+        assert main(list(args)) == 2, args
         stderr = capsys.readouterr().err
         assert message in stderr and stderr.count("\n") == 1, (args, stderr)
 

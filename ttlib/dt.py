@@ -206,7 +206,7 @@ class DTTrainConfig:
     rtg_scale: float = 100.0  # returns-to-go are divided by this
     max_timestep: int = 1000  # timestep embedding rows (the environment's episode limit)
     batch_size: int = 32  # windows per step
-    steps: int = 2000  # optimiser steps in total
+    steps: int = 1000  # optimiser steps in total (a few minutes on a CPU)
     lr: float = 6e-4  # peak learning rate
     min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 200  # linear warmup from 0 to lr
