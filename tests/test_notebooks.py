@@ -30,7 +30,8 @@ from ttlib.train import TrainConfig, learning_rate
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 COURSE_NOTEBOOKS = ["00_offline_rl_as_sequence_modeling.ipynb", "01_attention.ipynb", "02_kv_cache.ipynb",
-                    "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb"]
+                    "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb",
+                    "08_decision_transformer.ipynb"]
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
 
@@ -388,6 +389,32 @@ def test_04_learning_rate_agrees_with_ttlib():
         config = TrainConfig(steps=total, warmup_steps=warmup, lr=lr, min_lr=lr * float(rng.uniform(0, 1)))
         step = int(rng.integers(0, total + 100))
         assert abs(lr_fn(step, warmup, total, lr, config.min_lr) - learning_rate(step, config)) <= 1e-12 * lr
+
+
+# ---- 08: returns-to-go, interleaving, the evaluation bookkeeping -----------------------------------------------
+def test_08_solutions_agree_with_ttlib_dt():
+    from ttlib import dt
+
+    ns = solutions("08_decision_transformer.ipynb")
+    checks.check_function(ns["returns_to_go"], dt.returns_to_go,
+                          lambda rng: (rng.normal(size=int(rng.integers(1, 500))) * 50,), trials=20, atol=1e-3,
+                          rtol=1e-6)
+
+    def streams(rng):
+        B, T, C = (int(x) for x in rng.integers(1, 9, size=3))
+        return torch.randn(B, T, C), torch.randn(B, T, C), torch.randn(B, T, C)
+
+    checks.check_function(ns["interleave"], dt.interleave, streams, trials=10, exact=True)
+    model = dt.DecisionTransformer(dt.DTConfig(obs_dim=3, act_dim=1, context=3, n_layer=1, n_embd=8)).eval()
+    rng = np.random.default_rng(8)
+    for _ in range(10):
+        target, rewards = float(rng.normal() * 300), rng.normal(size=int(rng.integers(1, 40))) * 30
+        agent, fed = dt.DTAgent(model, target, n_envs=1), []
+        for r in rewards:  # what the agent feeds its model before each action
+            agent.act(np.zeros((1, 3)))
+            fed.append(agent.returns[0, -1, 0].item())
+            agent.observe([r])
+        np.testing.assert_allclose(ns["return_tokens"](target, rewards), fed, atol=1e-2, rtol=1e-5)
 
 
 # ---- ttlib.checks: the messages learners read -------------------------------------------------------------------

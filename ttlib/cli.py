@@ -3,7 +3,9 @@
     ttlib make-dataset [--dataset ID] [--force]     build the offline course dataset (or the HalfCheetah one)
     ttlib datasets                                  list the Minari datasets on this machine
     ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
+    ttlib train --model dt --out runs/dt.pt [--export assets/dt_lunarlander.pt]
     ttlib evaluate [--checkpoint PATH] --episodes 10
+    ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training} [--json]
 """
 
@@ -38,6 +40,10 @@ def _cmd_datasets(args):
 def _cmd_train(args):
     from .train import TrainConfig, export_checkpoint, train
 
+    if args.model == "dt":
+        return _cmd_train_dt(args)
+    if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
+        raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
     config = TrainConfig(**overrides)
     result = train(config, out=args.out, resume=args.resume)
@@ -47,6 +53,64 @@ def _cmd_train(args):
     if args.export:
         export_checkpoint(args.out, args.export)
         print(f"slim copy for shipping: {args.export}")
+
+
+def _cmd_train_dt(args):
+    from . import dt
+    from .train import TrainConfig, export_checkpoint
+
+    names = {f.name for f in fields(dt.DTTrainConfig)}
+    given = {f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    if given - names:
+        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given - names))
+        raise ValueError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
+    overrides = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    config = dt.DTTrainConfig(**overrides)
+    result = dt.train(config, out=args.out, resume=args.resume)
+    last = result.history[-1]
+    print(f"trained a Decision Transformer {config.steps} steps in {result.seconds:.0f} s: train loss "
+          f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f}; checkpoint {args.out}")
+    if args.export:
+        export_checkpoint(args.out, args.export)
+        print(f"slim copy for shipping: {args.export}")
+
+
+def _cmd_evaluate_dt(args):
+    from . import dt
+
+    if args.checkpoint is None:
+        args.checkpoint = dt.default_checkpoint(dt.COURSE_CHECKPOINT)
+    model, payload = dt.load_checkpoint(args.checkpoint, device=args.device)
+    info = payload["dataset"]
+    target = args.target_return if args.target_return is not None else dt.default_target(info)
+    seeds = list(range(args.seed, args.seed + args.episodes))
+    result = dt.evaluate(model, info["env_id"], seeds, target, env_kwargs=info["env_kwargs"],
+                         vectorized=not args.sequential, n_envs=args.n_envs, max_steps=args.max_steps,
+                         record=args.video is not None)
+    report = {"model": "dt", "episodes": len(seeds), "target_return": target,
+              "mean_return": float(result.returns.mean()), "std_return": float(result.returns.std()),
+              "returns": result.returns.tolist(), "steps": result.steps, "seconds": result.seconds,
+              "dataset_mean_return": info["mean_return"],
+              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert")}
+    if args.video:
+        from .rollout import save_video
+
+        report["video"] = save_video(result.frames, args.video)
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"Decision Transformer, target return {target:.1f}: {result.summary()}")
+    print(f"dataset mean return {info['mean_return']:.1f}, scripted expert {report['expert_mean_return']}")
+
+
+def _is_dt(args) -> bool:
+    """Evaluate a Decision Transformer? --model says so, else the checkpoint's kind does."""
+    from .train import read_checkpoint
+
+    if args.model is not None:
+        return args.model == "dt"
+    return args.checkpoint is not None and read_checkpoint(args.checkpoint, kind=None).get("kind") == \
+        "decision-transformer"
 
 
 def _planner_from(args):
@@ -61,6 +125,10 @@ def _cmd_evaluate(args):
     from .rollout import evaluate, save_video
     from .train import default_checkpoint, load_checkpoint
 
+    if _is_dt(args):
+        return _cmd_evaluate_dt(args)
+    if args.target_return is not None:
+        raise ValueError("--target-return is for Decision Transformer checkpoints (--model dt)")
     model, tokenizer, payload = load_checkpoint(args.checkpoint or default_checkpoint(), device=args.device)
     info = payload["dataset"]
     seeds = list(range(args.seed, args.seed + args.episodes))
@@ -132,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint path (written during training too)")
     p.add_argument("--resume", help="continue from this checkpoint")
     p.add_argument("--export", help="also write a slim copy (no optimiser state) here")
+    p.add_argument("--model", choices=["tt", "dt"], default="tt", help="Trajectory GPT or Decision Transformer")
+    p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
+    p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
+    p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
     for f in fields(TrainConfig):
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None,
                        help=f"default {f.default}")
@@ -148,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--video", help="save the first episode as a GIF/MP4 here")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--model", choices=["tt", "dt"], default=None, help="default: the checkpoint's kind (tt if none)")
+    p.add_argument("--target-return", type=float, default=None, help="dt only: the return to ask for "
+                   "(default: the dataset's expert reference score)")
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")

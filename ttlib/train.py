@@ -215,9 +215,15 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
 # ---- the loop -----------------------------------------------------------------------------------------------
 @torch.no_grad()
 def estimate_loss(model, bins, mask, config, generator, device) -> float:
+    return validation_loss(model, lambda: get_batch(bins, mask, config.batch_size, generator, device),
+                           config.eval_batches)
+
+
+@torch.no_grad()
+def validation_loss(model, next_batch, n_batches: int) -> float:
+    """Mean loss of `model(*next_batch())` over n_batches batches, in eval mode."""
     model.eval()
-    losses = [model(*get_batch(bins, mask, config.batch_size, generator, device))[1].item()
-              for _ in range(config.eval_batches)]
+    losses = [model(*next_batch())[1].item() for _ in range(n_batches)]
     model.train()
     return float(np.mean(losses))
 
@@ -257,16 +263,31 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
             save_checkpoint(out, model, tokenizer, dataset=summary, train_config=asdict(config), step=step,
                             history=history, optimizer=optimizer, generator=generator)
 
+    def next_val_batch():
+        return get_batch(val_bins, val_mask, config.batch_size, val_generator, device)
+
+    tokens_per_second = run_loop(
+        model, optimizer, config, lambda: get_batch(train_bins, train_mask, config.batch_size, generator, device),
+        next_val_batch if len(val_bins) else None, history, start=start, checkpoint=checkpoint,
+        tokens_per_step=config.batch_size * (train_bins.shape[1] - 1), progress=progress)
+    return TrainResult(model, tokenizer, history, tokens_per_second)
+
+
+def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list, *, start: int = 0,
+             checkpoint=None, tokens_per_step: int = 0, progress: bool = True) -> float:
+    """The optimisation loop every ttlib model trains with (the Trajectory GPT here, the Decision Transformer in
+    ttlib.dt): `model(*next_batch())` returns (output, loss). Runs steps start .. config.steps-1 with the
+    learning-rate schedule and gradient clipping; every `eval_every` steps and at the end it appends a row to
+    `history` (validation loss from `next_val_batch`, None without one) and calls `checkpoint(step + 1)`.
+    Returns the training throughput in tokens per second."""
     model.train()
-    tokens_per_step = config.batch_size * (train_bins.shape[1] - 1)
     t0, tokens_seen, loss_ema = time.perf_counter(), 0, None
     bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
                total=config.steps)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        x, y, m = get_batch(train_bins, train_mask, config.batch_size, generator, device)
-        _, loss = model(x, y, m)
+        _, loss = model(*next_batch())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -275,23 +296,23 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
         loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
         last = step == config.steps - 1
         if step % config.eval_every == 0 or last:
-            val = estimate_loss(model, val_bins, val_mask, config, val_generator, device) if len(val_bins) else None
+            val = validation_loss(model, next_val_batch, config.eval_batches) if next_val_batch else None
             history.append({"step": step, "train_loss": loss_ema, "val_loss": val,
                             "lr": learning_rate(step, config), "seconds": time.perf_counter() - t0})
             bar.set_postfix(loss=f"{loss_ema:.3f}", val=f"{val:.3f}" if val is not None else "-")
-            checkpoint(step + 1)
+            if checkpoint is not None:
+                checkpoint(step + 1)
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{loss_ema:.3f}")
     elapsed = time.perf_counter() - t0
     model.eval()
-    return TrainResult(model, tokenizer, history, tokens_seen / elapsed if elapsed > 0 else 0.0)
+    return tokens_seen / elapsed if elapsed > 0 else 0.0
 
 
 def export_checkpoint(source: str, destination: str) -> None:
-    """Write a slim copy of a checkpoint (no optimiser state): what ships in assets/."""
-    payload = read_checkpoint(source)
+    """Write a slim copy of a checkpoint of any ttlib model (no optimiser state): what ships in assets/."""
+    payload = read_checkpoint(source, kind=None)
     payload.pop("optimizer", None)
     payload.pop("generator", None)
-    model, tokenizer, _ = load_checkpoint(source, device="cpu")
-    save_checkpoint(destination, model, tokenizer, dataset=payload["dataset"],
-                    train_config=payload["train_config"], step=payload["step"], history=payload["history"])
+    with atomic_path(destination) as tmp:
+        torch.save(payload, tmp)
