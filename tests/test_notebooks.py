@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttlib import checks, viz
+from ttlib import checks, planning, rollout, viz
 from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
 from ttlib.model import GPTConfig, TrajectoryGPT
@@ -30,8 +30,8 @@ from ttlib.train import TrainConfig, learning_rate
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 COURSE_NOTEBOOKS = ["00_offline_rl_as_sequence_modeling.ipynb", "01_attention.ipynb", "02_kv_cache.ipynb",
-                    "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb",
-                    "08_decision_transformer.ipynb"]
+                    "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb", "05_beam_search.ipynb",
+                    "06_vectorized_rollouts.ipynb", "08_decision_transformer.ipynb"]
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
 
@@ -389,6 +389,90 @@ def test_04_learning_rate_agrees_with_ttlib():
         config = TrainConfig(steps=total, warmup_steps=warmup, lr=lr, min_lr=lr * float(rng.uniform(0, 1)))
         step = int(rng.integers(0, total + 100))
         assert abs(lr_fn(step, warmup, total, lr, config.min_lr) - learning_rate(step, config)) <= 1e-12 * lr
+
+
+# ---- 05: beam search ------------------------------------------------------------------------------------------
+def test_05_sample_bins_agrees_with_ttlib():
+    sample = solutions(COURSE_NOTEBOOKS[5])["sample_bins"]
+
+    def inputs(rng):
+        B, K = int(rng.integers(1, 30)), int(rng.integers(1, 150))
+        logits = torch.randn(B, K) * float(rng.uniform(0.05, 8))
+        if rng.random() < 0.3:
+            logits = logits.round()  # ties at the k-th largest logit
+        top_k = None if rng.random() < 0.3 else int(rng.integers(1, K + 3))
+        uniform = planning.counter_uniform(torch.tensor([int(rng.integers(0, 2**40))]), int(rng.integers(0, 99)),
+                                           torch.arange(B))
+        return logits, uniform, top_k, float(rng.uniform(0.2, 3.0))
+
+    checks.check_function(sample, planning.sample_bins, inputs, trials=60, exact=True)
+
+
+def test_05_plan_score_agrees_with_beam_plan():
+    score = solutions(COURSE_NOTEBOOKS[5])["plan_score"]
+    rng = np.random.default_rng(5)
+    for _ in range(15):
+        model = random_gpt(rng, n_transitions=int(rng.integers(2, 5)))
+        c = model.config
+        tokenizer = TrajectoryTokenizer.fit(rng.normal(size=(300, c.transition_dim)) * 5, c.obs_dim, c.act_dim,
+                                            c.n_bins)
+        context = int(rng.integers(1, c.n_transitions))
+        config = planning.PlannerConfig(beam_width=int(rng.integers(1, 6)), sample_expand=int(rng.integers(1, 4)),
+                                        horizon=int(rng.integers(1, c.n_transitions - context + 2)), context=context,
+                                        gamma=float(rng.uniform(0.5, 1.0)))
+        E = int(rng.integers(1, 4))
+        prefix = torch.as_tensor(rng.integers(0, c.n_bins, size=(E, (context - 1) * c.transition_dim + c.obs_dim)))
+        plan = planning.beam_plan(model, tokenizer, prefix, torch.as_tensor(rng.integers(0, 2**40, size=E)), config)
+        checks.check_close(score(plan.rewards, plan.values[:, -1], config.gamma), plan.score, "plan score",
+                           atol=1e-4, rtol=1e-5)
+
+
+def test_05_best_children_agrees_with_ttlib():
+    best = solutions(COURSE_NOTEBOOKS[5])["best_children"]
+
+    def inputs(rng):
+        E, W, X = int(rng.integers(1, 8)), int(rng.integers(1, 12)), int(rng.integers(1, 5))
+        score = torch.randn(E * W * X)
+        return (score.round() if rng.random() < 0.5 else score), E, W
+
+    checks.check_function(best, planning.best_children, inputs, trials=60, exact=True)
+
+
+# ---- 06: vectorized rollouts ----------------------------------------------------------------------------------
+def test_06_record_step_agrees_with_ttlib():
+    record = solutions(COURSE_NOTEBOOKS[6])["record_step"]
+
+    def inputs(rng):
+        E = int(rng.integers(1, 20))
+        max_steps = None if rng.random() < 0.5 else int(rng.integers(1, 40))
+        return (rng.normal(size=E), rng.integers(0, 40, size=E), rng.random(E) < 0.6, rng.normal(size=E),
+                rng.random(E) < 0.3, rng.random(E) < 0.2, max_steps)
+
+    def state_after(fn):
+        def run(returns, lengths, running, *step):
+            finished = fn(returns, lengths, running, *step)
+            return returns, lengths, running, np.asarray(finished)
+        return run
+
+    checks.check_function(state_after(record), state_after(rollout.record_step), inputs, trials=60, atol=1e-12)
+
+
+def test_06_build_prefix_agrees_with_contexts():
+    build = solutions(COURSE_NOTEBOOKS[6])["build_prefix"]
+    rng = np.random.default_rng(6)
+    for _ in range(30):
+        obs_dim, act_dim = int(rng.integers(1, 5)), int(rng.integers(1, 3))
+        tokenizer = TrajectoryTokenizer.fit(rng.normal(size=(200, obs_dim + act_dim + 2)), obs_dim, act_dim,
+                                            int(rng.integers(2, 30)))
+        E, context = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+        contexts = rollout.Contexts(tokenizer, E, context)
+        for _ in range(int(rng.integers(0, 9))):
+            for e in range(E):
+                contexts.append(e, rng.normal(size=obs_dim), rng.normal(size=act_dim), float(rng.normal()))
+        obs = rng.normal(size=(E, obs_dim)) * 2
+        expected = contexts.prefix(range(E), obs)
+        checks.check_equal_arrays(build([list(h) for h in contexts.history], contexts.encode_obs(obs), context),
+                                  expected, f"prefix (context {context})")
 
 
 # ---- 08: returns-to-go, interleaving, the evaluation bookkeeping -----------------------------------------------

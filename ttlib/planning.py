@@ -228,6 +228,14 @@ class RecomputeDecoder:
         self.sequence = self.sequence[keep]
 
 
+def best_children(score: torch.Tensor, n_envs: int, beam_width: int) -> torch.Tensor:
+    """score (E*R,), R children per environment in a row -> (E*W,) rows of the best W children of each environment,
+    best first, as indices into score. A stable sort: equal scores keep their order, on every device."""
+    R = score.shape[0] // n_envs
+    order = torch.sort(score.view(n_envs, R), dim=1, descending=True, stable=True).indices[:, :beam_width]  # (E, W)
+    return (order + torch.arange(n_envs, device=score.device)[:, None] * R).reshape(-1)
+
+
 def tokens_fed(obs_dim: int, act_dim: int, horizon: int) -> int:
     """Tokens a plan feeds to the model after the context: actions+reward each step, value+obs between steps."""
     return horizon * (act_dim + 1) + (horizon - 1) * (1 + obs_dim)
@@ -313,9 +321,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config) -> Plan:
         discounted_rewards = discounted_rewards + config.gamma**t * rewards[:, t]
         score = discounted_rewards + config.gamma ** (t + 1) * values[:, t]  # (E*R,)
 
-        # select: the best W children of every environment (a stable sort: ties break the same way everywhere)
-        order = torch.sort(score.view(E, R), dim=1, descending=True, stable=True).indices[:, :W]  # (E, W)
-        keep = (order + torch.arange(E, device=device)[:, None] * R).reshape(-1)  # (E*W,)
+        keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
         decoder.select(keep)
         generated, discounted_rewards = generated[keep], discounted_rewards[keep]
         rewards, values, score, value_bins = rewards[keep], values[keep], score[keep], value_bins[keep]

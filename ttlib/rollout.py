@@ -131,6 +131,23 @@ def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, 
     return EvalResult(seeds, np.array(returns), np.array(lengths), time.perf_counter() - t0, clipped, frames, plans)
 
 
+def record_step(returns: np.ndarray, lengths: np.ndarray, running: np.ndarray, reward, terminated, truncated,
+                max_steps: int | None = None) -> np.ndarray:
+    """Count one vector-env step for the environments still running, in place; return those that finished now.
+
+    returns (E,) float, lengths (E,) int, running (E,) bool; reward, terminated, truncated (E,) from `envs.step`.
+    Environments no longer running are left alone: under autoreset, what they return now belongs to a new
+    episode that nobody plays.
+    """
+    returns[running] += np.asarray(reward)[running]
+    lengths[running] += 1
+    done = running & (np.asarray(terminated) | np.asarray(truncated))
+    if max_steps is not None:
+        done |= running & (lengths >= max_steps)
+    running &= ~done
+    return np.flatnonzero(done)
+
+
 def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar):
     """Episodes for `seeds`, all stepped together in one vector environment."""
     E = len(seeds)
@@ -161,11 +178,7 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             for e in active:
                 contexts.append(e, obs[e], actions[e], reward[e])
-                returns[e] += reward[e]
-                lengths[e] += 1
-                if terminated[e] or truncated[e] or (max_steps is not None and lengths[e] >= max_steps):
-                    running[e] = False
-                    bar.update(1)
+            bar.update(len(record_step(returns, lengths, running, reward, terminated, truncated, max_steps)))
             obs = next_obs
             step += 1
         return list(returns), list(lengths), contexts.clipped, frames, plans
