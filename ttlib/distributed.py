@@ -72,15 +72,16 @@ def import_ray():
 
 
 @contextlib.contextmanager
-def _local_cluster_settings():
+def _loopback_settings(new_cluster: bool):
     """A local cluster that listens on the loopback interface only and leaves no auth token in ~/.ray.
 
-    Ray >= 2.5x turns on token authentication for a new local cluster and writes ~/.ray/auth_token; nothing but
-    this machine can reach a loopback-only cluster, so we start it with RAY_AUTH_MODE=disabled. On Linux Ray binds
-    to the machine's network address so that other nodes can join; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes it
-    use 127.0.0.1, as it does on a laptop. Both are read when the cluster starts, then restored.
+    On Linux Ray binds to the machine's network address so that other nodes can join (and a driver rewrites
+    127.0.0.1 in an address to that network address); RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes it use 127.0.0.1,
+    as it does on a laptop. Recent Ray turns on token authentication for a new local cluster and writes
+    ~/.ray/auth_token; nothing but this machine can reach a loopback-only cluster, so a new one starts with
+    RAY_AUTH_MODE=disabled. Both are read while Ray starts or connects, then restored.
     """
-    settings = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    settings = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **({"RAY_AUTH_MODE": "disabled"} if new_cluster else {})}
     saved = {k: os.environ.get(k) for k in settings}
     for k, v in settings.items():
         os.environ.setdefault(k, v)
@@ -131,22 +132,25 @@ def connect(address: str | None = None, num_cpus: int | None = None, temp_dir: s
             check_reachable(address)
         import ttlib
 
+        host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+        loopback = host in ("localhost", "::1") or host.startswith("127.")
         try:  # ship this copy of ttlib to the cluster's workers: they need the code, not the assets
-            ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(ttlib.__file__)]},
-                     log_to_driver=False)
+            with _loopback_settings(new_cluster=False) if loopback else contextlib.nullcontext():
+                ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(ttlib.__file__)]},
+                         log_to_driver=False)
         except Exception as e:
             raise DistributedError(f"could not connect to the Ray cluster at {address}: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}") from None
         return ray, False
-    with _local_cluster_settings():
+    with _loopback_settings(new_cluster=True):
         ray = import_ray()
-        for attempt in range(2):  # on a very busy machine the raylet can miss Ray's 30 s start-up deadline once
+        for attempt in range(3):  # on a very busy machine the raylet can miss Ray's 30 s start-up deadline
             try:
                 ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
                 break
             except Exception as e:
                 ray.shutdown()
-                if attempt == 1 or "timed out" not in str(e):
+                if attempt == 2 or "timed out" not in str(e):
                     raise DistributedError(f"could not start a local Ray cluster: {e}") from None
     return ray, True
 
