@@ -4,7 +4,7 @@
     ttlib datasets                                  list the Minari datasets on this machine
     ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
     ttlib evaluate [--checkpoint PATH] --episodes 10 [--workers K [--central] [--address HOST:PORT]]
-    ttlib bench {decoding,planning,rollouts,training} [--json]
+    ttlib bench {decoding,planning,rollouts,training,distributed} [--json]
 """
 
 from __future__ import annotations
@@ -126,6 +126,8 @@ def _cmd_bench(args):
                                    uncached_repeats=args.uncached_repeats, device=args.device, dtype=args.dtype)
     elif args.which == "rollouts":
         out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps)
+    elif args.which == "distributed":
+        out = bench.bench_distributed(workers=tuple(args.workers), episodes=args.episodes, max_steps=args.max_steps)
     else:
         out = bench.bench_training(args.preset if args.preset != "halfcheetah" else "lunarlander",
                                    device=args.device)
@@ -180,13 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
-    p.add_argument("which", choices=["decoding", "planning", "rollouts", "training"])
+    p.add_argument("which", choices=["decoding", "planning", "rollouts", "training", "distributed"])
     p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
     p.add_argument("--batch", type=int, default=1, help="environments planned at once")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--uncached-repeats", type=int, default=1)
     p.add_argument("--episodes", type=int, default=25)
     p.add_argument("--max-steps", type=int, default=50)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="distributed: Ray worker counts")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -258,12 +258,33 @@ class Planner:
         """observations: one dict per worker (its contexts) -> one (n_i, act_dim) action array per worker."""
         if kill:
             os._exit(1)  # a test hook
-        prefix = torch.as_tensor(np.concatenate([o["prefix"] for o in observations]))  # (sum n_i, P)
-        keys = torch.as_tensor(np.concatenate([o["keys"] for o in observations]))  # (sum n_i,)
+        prefix, keys, counts = merge_observations(observations)
         plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner)
-        actions = plan.actions[:, 0].numpy()  # (sum n_i, act_dim)
-        parts = np.split(actions, np.cumsum([len(o["keys"]) for o in observations])[:-1])
+        parts = split_actions(plan.actions[:, 0].numpy(), counts)
         return tuple(parts) if len(parts) > 1 else parts[0]
+
+
+# ---- the bookkeeping both layouts share -----------------------------------------------------------------------
+def slices(n: int, workers: int) -> list[list[int]]:
+    """Positions 0..n-1 cut into contiguous slices, one per worker, sizes differing by at most one (the first
+    n % workers slices get the extra one); never an empty slice, so fewer slices than workers if n < workers."""
+    return [list(s) for s in np.array_split(np.arange(n), min(workers, n)) if len(s)] if n else []
+
+
+def merge_observations(observations):
+    """Central inference: every worker's contexts in one batch, in worker order.
+
+    observations: one dict per worker with "prefix" (n_i, P) bins and "keys" (n_i,) -> (prefix (N, P) long
+    tensor, keys (N,) int64 tensor, counts [n_i]), N = sum n_i.
+    """
+    prefix = torch.as_tensor(np.concatenate([o["prefix"] for o in observations]), dtype=torch.long)  # (N, P)
+    keys = torch.as_tensor(np.concatenate([o["keys"] for o in observations]), dtype=torch.int64)  # (N,)
+    return prefix, keys, [len(o["keys"]) for o in observations]
+
+
+def split_actions(actions, counts) -> list:
+    """(N, act_dim) actions of the merged batch -> one (n_i, act_dim) array per worker, in worker order."""
+    return np.split(np.asarray(actions), np.cumsum(counts)[:-1])
 
 
 # ---- the driver -----------------------------------------------------------------------------------------------
@@ -384,15 +405,11 @@ class RayEvaluator:
                     raise DistributedError(f"a dead actor did not come back within {timeout:g} s: {e}") from None
                 time.sleep(0.2)
 
-    def _slices(self, n: int) -> list[list[int]]:
-        """Contiguous slices of positions 0..n-1, one per worker (fewer if there are fewer episodes)."""
-        return [list(s) for s in np.array_split(np.arange(n), min(self.n_workers, n)) if len(s)]
-
     def _evaluate_local(self, seeds, planner, max_steps, bar, kill_worker_at, kill_planner_at):
         ray = self.ray
         returns, lengths = np.full(len(seeds), np.nan), np.zeros(len(seeds), dtype=int)
         done = np.zeros(len(seeds), dtype=bool)
-        queue = deque(self._slices(len(seeds)))  # slices waiting for a worker
+        queue = deque(slices(len(seeds), self.n_workers))  # slices waiting for a worker
         attempts = {tuple(s): 0 for s in queue}
         idle, in_flight = deque(range(self.n_workers)), {}
         clipped = deaths = reruns = 0
@@ -432,7 +449,7 @@ class RayEvaluator:
         done = np.zeros(len(seeds), dtype=bool)
         attempts = np.zeros(len(seeds), dtype=int)
         clipped = deaths = reruns = 0
-        waiting = self._slices(len(seeds))  # per worker: positions still to play
+        waiting = slices(len(seeds), self.n_workers)  # per worker: positions still to play
         while any(waiting):
             # a wave: every worker with episodes to play plays them, all in lockstep with the planner
             assignment = {w: positions for w, positions in enumerate(waiting) if positions}
