@@ -85,8 +85,7 @@ def _loopback_settings(new_cluster: bool):
     saved = {k: os.environ.get(k) for k in settings}
     for k, v in settings.items():
         os.environ.setdefault(k, v)
-    constants = sys.modules.get("ray._private.ray_constants")  # Ray read the second one when it was imported
-    multi_node = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    constants = sys.modules.get("ray._private.ray_constants")  # Ray reads the flag once, when it is imported
     if constants is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
         constants.ENABLE_RAY_CLUSTER = False
     try:
@@ -98,8 +97,9 @@ def _loopback_settings(new_cluster: bool):
             else:
                 os.environ[k] = v
         constants = sys.modules.get("ray._private.ray_constants")
-        if constants is not None:
-            constants.ENABLE_RAY_CLUSTER = True if multi_node is None else multi_node
+        if constants is not None and hasattr(constants, "env_bool"):  # Ray's own default for this platform
+            constants.ENABLE_RAY_CLUSTER = constants.env_bool("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+                                                              not constants.IS_WINDOWS_OR_OSX)
 
 
 def check_reachable(address: str, timeout: float = 3.0) -> None:
