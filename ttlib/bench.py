@@ -241,6 +241,9 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
                         message = {"prefix": prefix.numpy(), "keys": keys.numpy()}  # what a worker sends per step
                         out["ray_call_us"] = 1e6 * evaluator.call_seconds(call_repeats)
                         out["ray_call_with_contexts_us"] = 1e6 * evaluator.call_seconds(call_repeats, message)
+        again = evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
+                         max_steps=max_steps, progress=False)  # once more at the end: load drifts during the run
+        out["in_process_episodes_per_s"] = episodes / min(one.seconds, again.seconds)
         worker = object.__new__(LocalWorker)  # the same method, called in this process
         t = time.perf_counter()
         for _ in range(call_repeats * 100):
