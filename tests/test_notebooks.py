@@ -31,7 +31,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 COURSE_NOTEBOOKS = ["00_offline_rl_as_sequence_modeling.ipynb", "01_attention.ipynb", "02_kv_cache.ipynb",
                     "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb", "05_beam_search.ipynb",
-                    "06_vectorized_rollouts.ipynb", "08_decision_transformer.ipynb"]
+                    "06_vectorized_rollouts.ipynb", "07_scaling_out_with_ray.ipynb", "08_decision_transformer.ipynb"]
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
 
@@ -499,6 +499,35 @@ def test_08_solutions_agree_with_ttlib_dt():
             fed.append(agent.returns[0, -1, 0].item())
             agent.observe([r])
         np.testing.assert_allclose(ns["return_tokens"](target, rewards), fed, atol=1e-2, rtol=1e-5)
+
+
+# ---- 07: slices, and the central planner's merge and split ---------------------------------------------------
+def test_07_slices_agree_with_the_evaluator():
+    from ttlib import distributed
+
+    split = solutions("07_scaling_out_with_ray.ipynb")["split_episodes"]
+    for n in range(0, 30):
+        for workers in range(1, 9):
+            slices = split(n, workers)
+            assert slices == distributed.slices(n, workers), (n, workers)
+            assert sum(slices, []) == list(range(n))  # every episode exactly once, in order
+
+
+def test_07_merge_and_split_agree_with_the_planner_actor():
+    from ttlib import distributed
+
+    ns = solutions("07_scaling_out_with_ray.ipynb")
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        P = int(rng.integers(1, 40))
+        counts = [int(n) for n in rng.integers(1, 9, size=int(rng.integers(1, 6)))]
+        observations = [{"prefix": rng.integers(0, 100, size=(n, P)), "keys": rng.integers(0, 2**62, size=n)}
+                        for n in counts]
+        checks.check_equal_arrays(ns["merge_contexts"](observations), distributed.merge_observations(observations),
+                                  "merged contexts")
+        actions = rng.normal(size=(sum(counts), int(rng.integers(1, 4))))
+        checks.check_equal_arrays(tuple(ns["split_actions"](actions, counts)),
+                                  tuple(distributed.split_actions(actions, counts)), "split actions")
 
 
 # ---- ttlib.checks: the messages learners read -------------------------------------------------------------------

@@ -5,6 +5,7 @@
     ttlib bench rollouts                  vectorized vs sequential evaluation of the same episodes
     ttlib bench profile                   where a cached plan's time goes, by kind of operation
     ttlib bench training                  training tokens/s
+    ttlib bench distributed               episodes/s on 1, 2, 4 Ray workers, both layouts; Ray's per-call cost
 
 Timings are medians of several runs after warm-up. Costs do not depend on the weights, so the presets use
 random weights; the rollout benchmark uses the shipped checkpoint on the course environment.
@@ -230,3 +231,53 @@ def bench_training(preset: str = "lunarlander", batch_size: int = 64, steps: int
     seconds = timed(step, steps, warmup=3)
     return {"benchmark": "training", "preset": preset, "batch_size": batch_size, "seq_len": T,
             "tokens_per_s": batch_size * T / seconds, "ms_per_step": 1000 * seconds, **environment()}
+
+
+def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20, checkpoint: str | None = None,
+                      planner: PlannerConfig | None = None, num_cpus: int | None = None, call_repeats: int = 200,
+                      progress: bool = False) -> dict:
+    """The same episodes in one process and on K Ray workers, local and central inference: episodes/s, whether
+    the returns are identical, and what one call to an actor costs next to an in-process call."""
+    from .distributed import LocalWorker, RayEvaluator, connect
+    from .planning import course_planner
+    from .rollout import EpisodeBatch, evaluate
+    from .train import default_checkpoint, load_checkpoint
+
+    model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device="cpu")
+    info = payload["dataset"]
+    planner = planner or course_planner(beam_width=8)
+    seeds = list(range(2000, 2000 + episodes))
+    one = evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
+                   max_steps=max_steps, progress=False)
+    out = {"benchmark": "distributed", "episodes": episodes, "max_steps": max_steps, "steps": one.steps,
+           "beam_width": planner.beam_width, "horizon": planner.horizon, "in_process_episodes_per_s":
+           episodes / one.seconds, "in_process_torch_threads": torch.get_num_threads()}
+    ray, started = connect(num_cpus=num_cpus)
+    try:
+        out["cluster_cpus"] = float(ray.cluster_resources().get("CPU", 0))
+        for central in (False, True):
+            layout = "central" if central else "local"
+            for k in workers:
+                with RayEvaluator(model, tokenizer, info["env_id"], k, central, info["env_kwargs"]) as evaluator:
+                    result = evaluator.evaluate(seeds, planner, max_steps, progress=progress)
+                    out[f"{layout}_{k}_episodes_per_s"] = episodes / result.seconds
+                    out[f"{layout}_{k}_same_returns"] = bool(np.array_equal(result.returns, one.returns))
+                    if not central and k == workers[0]:  # one round trip to an actor, empty and with contexts
+                        batch = EpisodeBatch(info["env_id"], seeds, tokenizer, planner.context, info["env_kwargs"])
+                        _, prefix, keys = batch.reset().observe()
+                        batch.close()
+                        message = {"prefix": prefix.numpy(), "keys": keys.numpy()}  # what a worker sends per step
+                        out["ray_call_us"] = 1e6 * evaluator.call_seconds(call_repeats)
+                        out["ray_call_with_contexts_us"] = 1e6 * evaluator.call_seconds(call_repeats, message)
+        again = evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
+                         max_steps=max_steps, progress=False)  # once more at the end: load drifts during the run
+        out["in_process_episodes_per_s"] = episodes / min(one.seconds, again.seconds)
+        worker = object.__new__(LocalWorker)  # the same method, called in this process
+        t = time.perf_counter()
+        for _ in range(call_repeats * 100):
+            worker.ping(message)
+        out["in_process_call_us"] = 1e6 * (time.perf_counter() - t) / (call_repeats * 100)
+    finally:
+        if started:
+            ray.shutdown()
+    return {**out, **environment()}

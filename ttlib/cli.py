@@ -4,9 +4,9 @@
     ttlib datasets                                  list the Minari datasets on this machine
     ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
     ttlib train --model dt --out runs/dt.pt [--export assets/dt_lunarlander.pt]
-    ttlib evaluate [--checkpoint PATH] --episodes 10
+    ttlib evaluate [--checkpoint PATH] --episodes 10 [--workers K [--central] [--address HOST:PORT]]
     ttlib evaluate --model dt [--target-return 280] --episodes 10
-    ttlib bench {decoding,planning,profile,rollouts,training} [--json]
+    ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
 """
 
 from __future__ import annotations
@@ -121,25 +121,55 @@ def _planner_from(args):
                          top_p_action=args.top_p)
 
 
+def _check_distributed_args(args):
+    """--workers/--central/--address: contradictions and a missing Ray or cluster fail before any loading."""
+    if args.workers is None:
+        if args.central or args.address:
+            raise ValueError("--central and --address need --workers K (the number of Ray workers)")
+        return
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.sequential or args.video:
+        raise ValueError("--sequential plays in one process and --video records there: leave out --workers")
+    from . import distributed
+
+    distributed.import_ray()
+    if args.address:
+        distributed.check_reachable(args.address)
+
+
 def _cmd_evaluate(args):
     from .rollout import evaluate, save_video
     from .train import default_checkpoint, load_checkpoint
 
     if _is_dt(args):
+        if args.workers is not None:
+            raise ValueError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
+                             "acts in milliseconds, so evaluate it in one process (leave out --workers)")
         return _cmd_evaluate_dt(args)
     if args.target_return is not None:
         raise ValueError("--target-return is for Decision Transformer checkpoints (--model dt)")
+    _check_distributed_args(args)
     model, tokenizer, payload = load_checkpoint(args.checkpoint or default_checkpoint(), device=args.device)
     info = payload["dataset"]
     seeds = list(range(args.seed, args.seed + args.episodes))
-    result = evaluate(model, tokenizer, info["env_id"], seeds, _planner_from(args), env_kwargs=info["env_kwargs"],
-                      vectorized=not args.sequential, n_envs=args.n_envs, max_steps=args.max_steps,
-                      record=args.video is not None)
+    if args.workers is not None:
+        from .distributed import evaluate_distributed
+
+        result = evaluate_distributed(model, tokenizer, info["env_id"], seeds, _planner_from(args),
+                                      workers=args.workers, central=args.central, env_kwargs=info["env_kwargs"],
+                                      max_steps=args.max_steps, address=args.address, progress=not args.json)
+    else:
+        result = evaluate(model, tokenizer, info["env_id"], seeds, _planner_from(args),
+                          env_kwargs=info["env_kwargs"], vectorized=not args.sequential, n_envs=args.n_envs,
+                          max_steps=args.max_steps, record=args.video is not None)
     report = {"episodes": len(seeds), "mean_return": float(result.returns.mean()),
               "std_return": float(result.returns.std()), "returns": result.returns.tolist(),
               "steps": result.steps, "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
               "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
               "clipped_observations": result.clipped_observations}
+    if args.workers is not None:
+        report.update(workers=result.workers, layout=result.layout, actor_deaths=result.actor_deaths)
     if info.get("ref_min_score") is not None and info.get("ref_max_score") is not None:
         span = info["ref_max_score"] - info["ref_min_score"]
         report["normalized_score"] = (report["mean_return"] - info["ref_min_score"]) / span
@@ -170,6 +200,8 @@ def _cmd_bench(args):
         out = bench.profile_planning(args.preset, batch=args.batch, device=args.device)
     elif args.which == "rollouts":
         out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps)
+    elif args.which == "distributed":
+        out = bench.bench_distributed(workers=tuple(args.workers), episodes=args.episodes, max_steps=args.max_steps)
     else:
         out = bench.bench_training(args.preset if args.preset != "halfcheetah" else "lunarlander",
                                    device=args.device)
@@ -216,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sequential", action="store_true", help="one episode at a time instead of vectorized")
     p.add_argument("--n-envs", type=int, default=None, help="environments per batch (default: all)")
     p.add_argument("--max-steps", type=int, default=None, help="cut episodes after this many steps")
+    p.add_argument("--workers", type=int, default=None, help="spread the episodes over K Ray workers (needs ray)")
+    p.add_argument("--central", action="store_true", help="with --workers: one planner actor batches all "
+                   "environments (SEED RL) instead of a model per worker")
+    p.add_argument("--address", help="with --workers: an existing Ray cluster (default $RAY_ADDRESS, else a new "
+                   "local one)")
     _planner_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--video", help="save the first episode as a GIF/MP4 here")
@@ -226,13 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
-    p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training"])
+    p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training", "distributed"])
     p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
     p.add_argument("--batch", type=int, default=1, help="environments planned at once")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--uncached-repeats", type=int, default=1)
     p.add_argument("--episodes", type=int, default=25)
     p.add_argument("--max-steps", type=int, default=50)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="distributed: Ray worker counts")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -259,12 +297,13 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
+    from .distributed import DistributedError
     from .train import CheckpointError
 
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ttdata.DatasetError, CheckpointError, ValueError) as e:
+    except (ttdata.DatasetError, CheckpointError, ValueError, DistributedError) as e:
         print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -148,42 +148,81 @@ def record_step(returns: np.ndarray, lengths: np.ndarray, running: np.ndarray, r
     return np.flatnonzero(done)
 
 
+class EpisodeBatch:
+    """E episodes stepped together in one vector environment: what the planner sees, and what it does.
+
+    `observe()` gives the still-running environments, their contexts and random keys; `act(actions)` steps them
+    and returns the ones that just finished. The same object serves one process (`evaluate`) and a distributed
+    environment worker (`ttlib.distributed`), so both step episodes exactly alike.
+    """
+
+    def __init__(self, env_id: str, seeds, tokenizer: TrajectoryTokenizer, context: int,
+                 env_kwargs: dict | None = None, max_steps: int | None = None, asynchronous: bool = False,
+                 render: bool = False):
+        self.seeds = [int(s) for s in seeds]
+        E = len(self.seeds)
+        render_mode = "rgb_array" if render else None
+        env_fns = [lambda: make_env(env_id, env_kwargs, render_mode) for _ in range(E)]
+        self.envs = gym.vector.AsyncVectorEnv(env_fns) if asynchronous else gym.vector.SyncVectorEnv(env_fns)
+        self.asynchronous, self.max_steps = asynchronous, max_steps
+        self.contexts = Contexts(tokenizer, E, context)
+        self.returns, self.lengths = np.zeros(E), np.zeros(E, dtype=int)
+        self.running = np.ones(E, dtype=bool)
+        self.step = 0  # decisions taken so far (the same for every running environment)
+        self.obs = None
+
+    def reset(self) -> EpisodeBatch:
+        self.obs, _ = self.envs.reset(seed=self.seeds)
+        return self
+
+    def observe(self):
+        """-> (active (n,) indices, prefix (n, P) bins, keys (n,) int64) for the running environments."""
+        active = np.flatnonzero(self.running)
+        prefix = self.contexts.prefix(active, self.obs[active])
+        keys = torch.tensor([step_key(self.seeds[e], self.step) for e in active], dtype=torch.int64)
+        return active, prefix, keys
+
+    def act(self, actions) -> list[int]:
+        """Step the running environments with their actions (n, act_dim); -> indices of episodes that ended."""
+        space = self.envs.single_action_space
+        active = np.flatnonzero(self.running)
+        full = np.zeros((len(self.seeds), *space.shape), dtype=np.float32)
+        full[active] = np.clip(np.asarray(actions), space.low, space.high)
+        next_obs, reward, terminated, truncated, _ = self.envs.step(full)
+        for e in active:
+            self.contexts.append(e, self.obs[e], full[e], reward[e])
+        ended = record_step(self.returns, self.lengths, self.running, reward, terminated, truncated, self.max_steps)
+        self.obs = next_obs
+        self.step += 1
+        return [int(e) for e in ended]
+
+    def render_first(self):
+        return self.envs.envs[0].render() if not self.asynchronous else self.envs.call("render")[0]
+
+    def close(self) -> None:
+        self.envs.close()
+
+
 def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar):
     """Episodes for `seeds`, all stepped together in one vector environment."""
-    E = len(seeds)
-    render_mode = "rgb_array" if record else None
-    env_fns = [lambda: make_env(env_id, env_kwargs, render_mode) for _ in range(E)]
-    envs = gym.vector.AsyncVectorEnv(env_fns) if asynchronous else gym.vector.SyncVectorEnv(env_fns)
+    batch = EpisodeBatch(env_id, seeds, tokenizer, planner.context, env_kwargs, max_steps, asynchronous, record)
     try:
-        check_env(envs.single_observation_space, envs.single_action_space, model)
-        low, high = envs.single_action_space.low, envs.single_action_space.high
-        obs, _ = envs.reset(seed=seeds)
-        contexts = Contexts(tokenizer, E, planner.context)
-        returns, lengths = np.zeros(E), np.zeros(E, dtype=int)
-        running = np.ones(E, dtype=bool)
+        check_env(batch.envs.single_observation_space, batch.envs.single_action_space, model)
+        batch.reset()
         frames, plans = [], []
         device = model.pos_emb.device
-        step = 0
-        while running.any():
-            active = np.flatnonzero(running)
-            if record and running[0]:
-                frames.append(envs.envs[0].render() if not asynchronous else envs.call("render")[0])
-            prefix = contexts.prefix(active, obs[active])
-            keys = torch.tensor([step_key(seeds[e], step) for e in active], dtype=torch.int64)
+        while batch.running.any():
+            first = record and batch.running[0]
+            if first:
+                frames.append(batch.render_first())
+            _, prefix, keys = batch.observe()
             plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner)
-            if record and running[0]:
-                plans.append((step, _row(plan, 0)))
-            actions = np.zeros((E, *envs.single_action_space.shape), dtype=np.float32)
-            actions[active] = np.clip(plan.actions[:, 0].numpy(), low, high)
-            next_obs, reward, terminated, truncated, _ = envs.step(actions)
-            for e in active:
-                contexts.append(e, obs[e], actions[e], reward[e])
-            bar.update(len(record_step(returns, lengths, running, reward, terminated, truncated, max_steps)))
-            obs = next_obs
-            step += 1
-        return list(returns), list(lengths), contexts.clipped, frames, plans
+            if first:
+                plans.append((batch.step, _row(plan, 0)))
+            bar.update(len(batch.act(plan.actions[:, 0].numpy())))
+        return list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans
     finally:
-        envs.close()
+        batch.close()
 
 
 def _row(plan: Plan, i: int) -> Plan:
