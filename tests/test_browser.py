@@ -96,9 +96,15 @@ def lab(tmp_path_factory):
         shutil.copy(notebook, root / "notebooks" / notebook.name)
     settings = home / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
-    # every cell in the DOM, so the page can be checked cell by cell; no prompt to pick a kernel
+    # every cell in the DOM, so the page can be checked cell by cell
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    (settings.parent / "apputils-extension").mkdir()  # no "news?" pop-up over the screenshots
+    (settings.parent / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND")}
+    # one thread per kernel: the test command runs nbval beside this file on the same cores, and two OpenMP
+    # threads per process spin-wait on each other (conftest.py sets the same under pytest-xdist)
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(TTLIB_FAST="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
                JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(home / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
@@ -233,6 +239,11 @@ PAGE_STATE = """() => {
         stderr: outputs.filter(o => o.dataset.mimeType === 'application/vnd.jupyter.stderr')
                        .map(o => o.textContent.slice(0, 300)),
         widgetViews: widgetViews.length,
+        // a widget closed by the kernel (e.g. a tqdm bar with leave=False) leaves its output empty
+        closedWidgetViews: outputs.filter(o => !o.parentElement.closest('.jupyter-widgets') && !o.dataset.mimeType
+                                               && o.childElementCount === 0).length,
+        controls: widgetViews.filter(o => o.querySelector(
+            '.widget-slider, .widget-dropdown, .widget-toggle-buttons, .widget-button, .widget-checkbox')).length,
         widgetProblems: outputs.filter(o => /Error displaying widget|Loading widget/.test(o.textContent))
                                .map(o => o.textContent.slice(0, 300)),
         sliders: panel.querySelectorAll('.widget-slider').length,
@@ -245,9 +256,11 @@ PAGE_STATE = """() => {
 def screenshot(page, name: str) -> Path:
     """The notebook from top to bottom in one picture (the viewport grown to the notebook's height)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = page.evaluate(f"() => document.querySelector('{NOTEBOOK} .jp-WindowedPanel-outer').scrollHeight")
+    scroller = f"document.querySelector('{NOTEBOOK} .jp-WindowedPanel-outer')"
+    height = page.evaluate(f"() => {scroller}.scrollHeight")
     page.set_viewport_size({"width": 1400, "height": min(int(height) + 200, 16_000)})
-    page.wait_for_timeout(500)
+    page.evaluate(f"() => {{ {scroller}.scrollTop = 0; }}")
+    page.wait_for_timeout(1000)
     target = ARTIFACTS / f"{Path(name).stem}.png"
     page.screenshot(path=str(target))
     page.set_viewport_size({"width": 1400, "height": 1000})
@@ -288,7 +301,10 @@ def test_notebook_runs_in_jupyterlab(notebook, lab, page):
     assert state["widgetProblems"] == [], f"widgets not rendered: {state['widgetProblems']}"
     expected_views = widget_views_in(saved)
     assert expected_views >= 1, "the notebook displays at least one widget"
-    assert state["widgetViews"] == expected_views, f"{expected_views} widget views, {state['widgetViews']} rendered"
+    assert state["widgetViews"] + state["closedWidgetViews"] == expected_views, (
+        f"{expected_views} widget views displayed; on the page {state['widgetViews']} rendered, "
+        f"{state['closedWidgetViews']} closed by the kernel")
+    assert state["controls"] >= 1, "no widget with a control (slider, dropdown, buttons) is rendered"
     if re.search(r"widgets\.\w*Slider\(", "\n".join(c.source for c in saved.cells if c.cell_type == "code")):
         assert state["sliders"] >= 1, "a slider is displayed but none is on the page"
     assert state["images"], "no image on the page: the plots did not render"
