@@ -7,9 +7,9 @@ clicks Run > Run All Cells, waits until every code cell has run, saves it, and c
 
 - no cell's output is an error (read from the saved notebook) and no traceback shows anywhere on the page (errors
   inside widget Outputs live only in the page);
-- every widget view the kernel displayed is rendered (not "Loading widget..." or "Error displaying widget"),
-  sliders included;
-- every image on the page has loaded (plots, videos' frames).
+- every widget view the kernel displayed is rendered (not "Loading widget..." or "Error displaying widget"), or
+  was closed by the kernel (a finished tqdm bar), and at least one widget with a control (a slider...) shows;
+- every image on the page has loaded (the plots).
 
 A screenshot of each notebook goes to artifacts/browser/. One interaction is checked end to end (drag notebook
 03's bins slider: the kernel redraws, the plot changes), and nbgrader's Validate button is clicked on a student
@@ -36,6 +36,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -310,14 +312,12 @@ def test_notebook_runs_in_jupyterlab(notebook, lab, page):
     assert state["images"], "no image on the page: the plots did not render"
     assert all(image["loaded"] for image in state["images"]), f"images that did not load: {state['images']}"
     assert page.console_errors == [], f"JavaScript errors on the page: {page.console_errors}"
+    if notebook.name in INTERACTIONS:
+        INTERACTIONS[notebook.name](page)
 
 
-def test_dragging_a_slider_redraws_the_plot(lab, page):
-    """Notebook 03's bins slider: drag it, the kernel redraws the histogram with other bin edges."""
-    url, root = lab
-    name = "03_trajectory_tokenizer.ipynb"
-    open_notebook(page, url, f"notebooks/{name}")
-    run_all_cells(page)
+def drag_the_bins_slider(page) -> None:
+    """Notebook 03's bins slider: drag it to few bins, the kernel redraws the histogram with other bin edges."""
     bins = page.locator(".widget-slider", has=page.locator(".widget-label", has_text="bins"))
     explorer = page.locator(f"{NOTEBOOK} .jp-OutputArea-output", has=bins)  # the cell's output: sliders + plot
     slider = explorer.locator(".widget-slider", has=page.locator(".widget-label", has_text="bins"))
@@ -340,9 +340,16 @@ def test_dragging_a_slider_redraws_the_plot(lab, page):
         time.sleep(0.3)
     after_value = int(readout.inner_text())
     assert 5 <= after_value < 50, f"the slider should have moved to few bins, reads {after_value}"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     explorer.screenshot(path=str(ARTIFACTS / f"03_bins_slider_at_{after_value}.png"))
     assert page.evaluate(PAGE_STATE)["tracebacks"] == []
+
+
+# a widget used end to end, after the notebook has run (in the same page, so the notebook runs once)
+INTERACTIONS = {"03_trajectory_tokenizer.ipynb": drag_the_bins_slider}
+
+
+def test_a_widget_interaction_is_checked():
+    assert INTERACTIONS and set(INTERACTIONS) <= {p.name for p in NOTEBOOKS}, "an interaction names a notebook"
 
 
 def test_nbgrader_validate_button(lab, page):
