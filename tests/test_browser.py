@@ -98,8 +98,10 @@ def lab(tmp_path_factory):
         shutil.copy(notebook, root / "notebooks" / notebook.name)
     settings = home / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
-    # every cell in the DOM, so the page can be checked cell by cell
-    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # every cell in the DOM, so the page can be checked cell by cell; the notebook's own kernel starts without
+    # asking (on a busy machine JupyterLab may otherwise ask to select one)
+    (settings / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none", "autoStartDefaultKernel": True}))
     (settings.parent / "apputils-extension").mkdir()  # no "news?" pop-up over the screenshots
     (settings.parent / "apputils-extension" / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
@@ -187,6 +189,11 @@ def open_notebook(page, url: str, path: str) -> None:
     page.wait_for_function(
         "() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator')"
         "?.getAttribute('data-status') === 'idle'", timeout=120_000)
+    page.wait_for_timeout(1000)
+    select_kernel = page.locator(".jp-Dialog", has_text="Select Kernel")
+    if select_kernel.count():  # should not happen with autoStartDefaultKernel; a learner would press Select
+        select_kernel.get_by_role("button", name="Select").click()
+    expect(page.locator(".jp-Dialog")).to_have_count(0, timeout=30_000)
 
 
 def run_all_cells(page) -> float:
