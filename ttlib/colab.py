@@ -1,0 +1,164 @@
+"""Colab: the badges and the set-up cell, written from the one place that names the course's repository.
+
+The repository is named once, in pyproject.toml (`[project.urls] Repository`). Every notebook opens with a Colab
+badge linking to its own path in that repository, its set-up cell installs ttlib from it when it runs on Colab,
+and the README has a table of badges; all three are written from pyproject.toml by this module:
+
+    python -m ttlib.colab            # rewrite the badges, the set-up cells and the README table
+    python -m ttlib.colab --check    # list what is out of step with pyproject.toml, exit 1 if anything is
+
+The tests run the check, so a changed repository (or a new notebook) cannot be forgotten in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
+
+# every notebook of the course, in order, with the README table's title (a notebook not yet written keeps its row)
+NOTEBOOKS = {
+    "00_offline_rl_as_sequence_modeling.ipynb": "offline RL as sequence modeling",
+    "01_attention.ipynb": "attention",
+    "02_kv_cache.ipynb": "KV cache",
+    "03_trajectory_tokenizer.ipynb": "trajectory tokenizer",
+    "04_trajectory_gpt.ipynb": "the Trajectory GPT",
+    "05_beam_search.ipynb": "beam search",
+    "06_vectorized_rollouts.ipynb": "vectorized rollouts",
+    "07_scaling_out_with_ray.ipynb": "scaling out with Ray",
+    "08_decision_transformer.ipynb": "Decision Transformer",
+}
+
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\(https://colab\.research\.google\.com/github/[^)]*\)")
+TABLE_START, TABLE_END = "<!-- colab-badges: start -->", "<!-- colab-badges: end -->"
+
+# The set-up cell, the same in every notebook. It cannot import ttlib (that is what it installs), so the repository
+# is written into it. The course is cloned rather than pip-installed from git so that the shipped checkpoint in
+# assets/ comes too (TTLIB_ASSETS points ttlib at it).
+SETUP_CELL = '''\
+# Colab only: fetch the course from its repository and install ttlib, the course library. Locally ttlib is
+# already installed (`pip install -e .` in the repository), and this cell does nothing.
+import os
+import subprocess
+import sys
+
+REPO = os.environ.get("TTLIB_REPO", "{repo}")  # the course's GitHub owner/name
+
+if "google.colab" in sys.modules and not REPO:
+    print('Set REPO above to the GitHub owner/name of the course repository, e.g. REPO = "your-name/tt-course",\\n'
+          "and run this cell again.")
+elif "google.colab" in sys.modules:
+    checkout = "/content/" + REPO.split("/")[-1]
+    clone = ["git", "clone", "-q", "--depth", "1", f"https://github.com/{{REPO}}", checkout]
+    install = [sys.executable, "-m", "pip", "install", "-q", checkout]
+    for step in ([] if os.path.isdir(checkout) else [clone]) + [install]:
+        result = subprocess.run(step, capture_output=True, text=True, env={{**os.environ, "GIT_TERMINAL_PROMPT": "0"}})
+        if result.returncode != 0:
+            print(f"Could not install ttlib from https://github.com/{{REPO}} -- is that the repository this\\n"
+                  'notebook came from? Set REPO above to its GitHub owner/name, e.g. REPO = "your-name/tt-course",\\n'
+                  "and run this cell again. The error was:\\n" + result.stderr[-800:])
+            break
+    else:
+        os.environ["TTLIB_ASSETS"] = os.path.join(checkout, "assets")  # the shipped checkpoint
+        print(f"installed ttlib from https://github.com/{{REPO}}")'''
+
+
+def repository(root: Path = ROOT) -> str:
+    """The course repository's GitHub owner/name, from pyproject.toml's `[project.urls] Repository`."""
+    text = (root / "pyproject.toml").read_text()
+    match = re.search(r'^Repository\s*=\s*"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?"', text, re.M)
+    if match is None:
+        raise ValueError(f"{root / 'pyproject.toml'}: set the course repository under [project.urls], e.g.\n"
+                         'Repository = "https://github.com/your-name/tt-course"')
+    return match.group(1)
+
+
+def colab_url(repo: str, name: str) -> str:
+    return f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{name}"
+
+
+def badge(repo: str, name: str) -> str:
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repo, name)})"
+
+
+def setup_cell(repo: str) -> str:
+    return SETUP_CELL.format(repo=repo)
+
+
+def badge_table(repo: str) -> str:
+    rows = [f"| {name[:2]} | {title} | {badge(repo, name)} |" for name, title in NOTEBOOKS.items()]
+    return "\n".join(["| # | notebook | open it on Colab |", "|---|---|---|", *rows])
+
+
+def synced_notebook(text: str, name: str, repo: str) -> str:
+    """A notebook's JSON with its badge and its set-up cell (the cell tagged 'setup') written from `repo`."""
+    import nbformat
+
+    nb = nbformat.reads(text, as_version=4)
+    title = nb.cells[0]
+    if len(BADGE.findall(title.source)) != 1:
+        raise ValueError(f"{name}: the first cell needs exactly one Colab badge: {badge(repo, name)}")
+    title.source = BADGE.sub(lambda _: badge(repo, name), title.source)
+    setups = [c for c in nb.cells if c.cell_type == "code" and "setup" in c.metadata.get("tags", [])]
+    if len(setups) != 1:
+        raise ValueError(f"{name}: needs exactly one code cell tagged 'setup' (found {len(setups)})")
+    setups[0].source = setup_cell(repo)
+    return nbformat.writes(nb) + "\n"
+
+
+def synced_readme(text: str, repo: str) -> str:
+    if TABLE_START not in text or TABLE_END not in text:
+        raise ValueError(f"README.md: put {TABLE_START} and {TABLE_END} where the table of Colab badges goes")
+    before, rest = text.split(TABLE_START, 1)
+    after = rest.split(TABLE_END, 1)[1]
+    return f"{before}{TABLE_START}\n{badge_table(repo)}\n{TABLE_END}{after}"
+
+
+def sync(root: Path = ROOT, write: bool = True) -> list[str]:
+    """Bring badges, set-up cells and the README table in step with pyproject.toml; return what was (or would be)
+    changed. Raises ValueError for a notebook missing from NOTEBOOKS."""
+    repo = repository(root)
+    changed = []
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        if path.name not in NOTEBOOKS:
+            raise ValueError(f"{path.name} is not in ttlib/colab.py's NOTEBOOKS: add it (name and title)")
+        text = path.read_text()
+        new = synced_notebook(text, path.name, repo)
+        if new != text:
+            changed.append(f"notebooks/{path.name}")
+            if write:
+                path.write_text(new)
+    readme = root / "README.md"
+    text = readme.read_text()
+    new = synced_readme(text, repo)
+    if new != text:
+        changed.append("README.md")
+        if write:
+            readme.write_text(new)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ttlib.colab", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of step")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository checkout (default: this one)")
+    args = parser.parse_args(argv)
+    try:
+        changed = sync(args.root, write=not args.check)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    verb = "out of step with pyproject.toml" if args.check else "rewritten"
+    for path in changed:
+        print(f"{verb}: {path}")
+    if not changed:
+        print(f"everything names {repository(args.root)}")
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
