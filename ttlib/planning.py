@@ -41,6 +41,7 @@ class PlannerConfig:
     top_p_action: float | None = None  # ...and among the likeliest bins that hold this much probability (None: all)
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
+    value_weight: float = 1.0  # how much a plan's score trusts the predicted value after its last step (0: rewards only)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
 
     def validate(self) -> None:
@@ -53,6 +54,8 @@ class PlannerConfig:
             raise ValueError(f"top_p_action must be in (0, 1] or None, got {self.top_p_action}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.value_weight < 0:
+            raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
@@ -319,7 +322,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config) -> Plan:
         rewards[:, t] = tokenizer.expectation(reward_probs, tokenizer.reward_dim)
         values[:, t] = tokenizer.expectation(value_probs, tokenizer.value_dim)
         discounted_rewards = discounted_rewards + config.gamma**t * rewards[:, t]
-        score = discounted_rewards + config.gamma ** (t + 1) * values[:, t]  # (E*R,)
+        score = discounted_rewards + config.value_weight * config.gamma ** (t + 1) * values[:, t]  # (E*R,)
 
         keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
         decoder.select(keep)
