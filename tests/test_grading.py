@@ -114,7 +114,7 @@ def expected_scores() -> dict[str, dict[str, float]]:
     return scores
 
 
-def run(*args, env, timeout=900, may_fail=False) -> str:
+def run(*args, env, timeout=1800, may_fail=False) -> str:
     """One command of the instructor guide, run from the repository root; its output (stdout and stderr)."""
     done = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -239,8 +239,8 @@ def test_unmodified_student_versions_get_zero_without_crashing(graded, assignmen
     assert score(graded, assignment, "unmodified") == (0, sum(points(assignment).values()))
     nb = autograded(graded, assignment, "unmodified")
     for grade_id in points(assignment):
-        assert "AssertionError" in errors(nb, grade_id), "the check says 'not implemented yet'"
-    assert nb.cells[-1].cell_type != "code" or nb.cells[-1].execution_count, "ran to the end"
+        assert errors(nb, grade_id), f"{grade_id} fails"
+    assert [c for c in nb.cells if c.cell_type == "code"][-1].execution_count, "grading ran to the last cell"
 
 
 def test_partly_correct_gets_exactly_the_points_of_the_right_exercise(graded):
@@ -261,7 +261,7 @@ def test_an_exercise_that_loops_forever_hits_the_time_limit_and_grading_goes_on(
     assert score(graded, CHEAP, "loops")[0] == p["03-uniform-test"] + p["03-quantile-test"]
     nb = autograded(graded, CHEAP, "loops")
     assert "CellTimeoutError" in errors(nb, "03-decode-test")
-    assert nb.cells[-1].execution_count, "the cells after the loop still ran"
+    assert [c for c in nb.cells if c.cell_type == "code"][-1].execution_count, "the cells after the loop still ran"
     for student in ["partial", "raises", "solutions", "unmodified"]:  # graded after "loops" (alphabetical order)
         assert (graded["root"] / "autograded" / student / CHEAP).is_dir()
     assert "CellTimeoutError" not in json.dumps(autograded(graded, CHEAP, "solutions"))

@@ -112,7 +112,10 @@ def _cmd_bench(args):
 
 
 def _cmd_grade(args):
-    from . import grade
+    try:
+        from . import grade
+    except ImportError as e:
+        raise ValueError(f'needs nbgrader ({e}): python -m pip install -e ".[dev]"') from e
 
     course = grade.open_course()
     if args.action == "release":
