@@ -7,6 +7,8 @@
     ttlib evaluate [--checkpoint PATH] --episodes 10 [--workers K [--central] [--address HOST:PORT]]
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
+    ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
+    ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
 """
 
 from __future__ import annotations
@@ -212,6 +214,33 @@ def _cmd_bench(args):
             print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
 
 
+def _cmd_grade(args):
+    try:
+        from . import grade
+    except ImportError as e:
+        raise ValueError(f'needs nbgrader ({e}): python -m pip install -e ".[dev]"') from e
+
+    course = grade.open_course()
+    if args.action == "release":
+        report = grade.release(course, check=args.check)
+        for name in report.unchanged:
+            print(f"notebooks/student/{name}: up to date")
+        for name in report.written:
+            print(f"notebooks/student/{name}: {'OUT OF DATE' if args.check else 'written'}")
+        for name in report.stale:
+            print(f"notebooks/student/{name}: {'' if args.check else 'removed, '}it has no solution notebook")
+        print(f"nbgrader course folder: {course.root} (source/, release/, gradebook.db)")
+        if args.check and (report.written or report.stale):
+            raise grade.GradingError("student versions out of date: run `ttlib grade release` and commit "
+                                     "notebooks/student/")
+    else:
+        report = grade.collect(course, args.assignment, args.folder)
+        for student, problems in report.items():
+            flag = "; ".join(problems) + " (nbgrader restores it before grading)" if problems else "ok"
+            print(f"{student:20s} -> {course.submitted(student, args.assignment)}  {flag}")
+        print(f"collected {len(report)} submissions; next: nbgrader autograde {args.assignment}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .train import TrainConfig
 
@@ -275,6 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("grade", help="hand out and grade the exercises with nbgrader (run from the repository root)")
+    grade_sub = p.add_subparsers(dest="action", required=True)
+    g = grade_sub.add_parser("release", help="nbgrader student versions of every graded notebook -> notebooks/student/")
+    g.add_argument("--check", action="store_true", help="write nothing to notebooks/student/; fail if out of date")
+    g = grade_sub.add_parser("collect", help="a flat folder of <student>.ipynb -> nbgrader's submitted/ folder")
+    g.add_argument("assignment", help="the notebook's name without .ipynb, e.g. 01_attention")
+    g.add_argument("folder", help="a folder holding one <student>.ipynb per student")
+    p.set_defaults(func=_cmd_grade)
     return parser
 
 

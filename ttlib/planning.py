@@ -41,7 +41,7 @@ class PlannerConfig:
     top_p_action: float | None = None  # ...and among the likeliest bins that hold this much probability (None: all)
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
-    value_weight: float = 1.0  # how much a plan's score trusts the predicted value after its last step (0: rewards only)
+    value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
 
     def validate(self) -> None:
