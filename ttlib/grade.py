@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,10 +106,20 @@ def source_version(nb, name: str):
     return nb
 
 
+def _with_own_scripts_on_path() -> None:
+    """nbgrader runs the `alembic` command to open its gradebook; find it beside this Python even when its
+    environment is not activated (e.g. `.venv/bin/ttlib grade release`)."""
+    scripts = os.path.dirname(sys.executable)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+
+
 def _generate(course: Course, assignment: str) -> None:
     """nbgrader generate_assignment: solutions stubbed, hidden tests removed, outputs cleared, checksums added."""
     from nbgrader.converters import GenerateAssignment
     from nbgrader.coursedir import CourseDirectory
+
+    _with_own_scripts_on_path()
 
     coursedir = CourseDirectory(config=course.config)
     coursedir.assignment_id = assignment
