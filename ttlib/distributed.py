@@ -184,8 +184,8 @@ def fetch(shared: list):
     return ray.get(shared[0])
 
 
-class LocalWorker:
-    """Local inference: a model of its own, and one slice of episodes at a time in a vector environment."""
+class ModelActor:
+    """An actor that holds the model: its weights fetched from the object store, on `threads` CPU threads."""
 
     def __init__(self, weights: list, threads: int = 1, device: str = "cpu"):
         torch.set_num_threads(threads)
@@ -194,6 +194,10 @@ class LocalWorker:
 
     def ping(self, payload=None) -> int:
         return os.getpid()
+
+
+class LocalWorker(ModelActor):
+    """Local inference: a model of its own, and one slice of episodes at a time in a vector environment."""
 
     def run(self, env_id, env_kwargs, seeds, planner, max_steps, kill_at_step=None):
         """Play `seeds` to the end; -> (returns, lengths, clipped observations). kill_at_step: exit abruptly there."""
@@ -243,16 +247,8 @@ class EnvWorker:
         return out
 
 
-class Planner:
+class Planner(ModelActor):
     """Central inference: the only model. Plans for every environment of every worker in one beam search."""
-
-    def __init__(self, weights: list, threads: int = 1, device: str = "cpu"):
-        torch.set_num_threads(threads)
-        self.model, self.tokenizer = unpack(fetch(weights), device)
-        self.device = device
-
-    def ping(self, payload=None) -> int:
-        return os.getpid()
 
     def plan(self, planner: PlannerConfig, kill: bool, *observations):
         """observations: one dict per worker (its contexts) -> one (n_i, act_dim) action array per worker."""
