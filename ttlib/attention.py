@@ -17,6 +17,8 @@ Beam search adds two twists, both handled here:
 - All beams of one environment share the same context, and a beam's children share the beam's past.
   `KVCache.shared(prefix, ...)` stores such a prefix once per group of rows and only the newer tokens per row,
   so the cache holds, copies and reads far less memory; `extend` folds the chosen children back into their beams.
+The planner's own decoder (`planning.CachedDecoder`) applies the same sharing with a leaner layout for its hot loop
+(one token per row, value tokens never stored); this general cache is the one notebook 02 builds and tests.
 """
 
 from __future__ import annotations
