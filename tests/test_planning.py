@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ttlib.bench import PRESETS, plan_flops, random_model
-from ttlib.planning import PlannerConfig, beam_plan, counter_uniform, sample_bins
+from ttlib.planning import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
 
 
 def tiny(dtype=torch.float64, seed=0):
@@ -30,6 +30,32 @@ def test_cached_plan_equals_uncached_plan(dtype, seed):
     uncached = beam_plan(model, tok, prefix, keys, config)
     assert torch.equal(cached.bins, uncached.bins)
     torch.testing.assert_close(cached.score, uncached.score, atol=1e-5, rtol=0)
+
+
+def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
+    """Beyond what beam_plan does: more tokens per expansion than the children's first buffer holds (it grows),
+    children expanded again before a selection, and selections that keep, drop and duplicate rows (each row
+    stays with its environment: the first half of the rows plans for environment 0, the second for 1)."""
+    model, _ = tiny(torch.float64)
+    cached, recomputed = (Decoder(model, prefix_for(model, 2, 2), 3, 40) for Decoder in (CachedDecoder,
+                                                                                         RecomputeDecoder))
+    torch.testing.assert_close(cached.logits, recomputed.logits)
+    g = torch.Generator().manual_seed(0)
+    rows = 6  # 2 environments x 3 beams
+    with torch.inference_mode():
+        for action, arg in [("expand", 2), ("feed", 11), ("select", [0, 0, 5, 6, 9, 11]), ("feed", 3),
+                            ("expand", 2), ("feed", 2), ("expand", 2), ("feed", 4),
+                            ("select", [1, 4, 11, 12, 15, 20]), ("feed", 2)]:
+            if action == "expand":
+                cached.expand(arg), recomputed.expand(arg)
+                rows *= arg
+            elif action == "select":
+                cached.select(torch.tensor(arg)), recomputed.select(torch.tensor(arg))
+                rows = len(arg)
+            else:
+                for _ in range(arg):
+                    bins = torch.randint(0, model.config.n_bins, (rows,), generator=g)
+                    torch.testing.assert_close(cached.feed(bins), recomputed.feed(bins))
 
 
 def test_plan_shapes_and_decoding():

@@ -126,15 +126,22 @@ def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None =
 class CachedDecoder:
     """One token at a time for every row, on a KV cache laid out for beam search.
 
-    Two levels of keys and values per layer:
-      context (E, H, Pc, D)   each environment's context, computed once and shared by all of its rows
-      rows    (B, H, n, D)    what each row (a beam, or a child of one) has generated since, in a buffer of
-                              `new_tokens` slots; expanding or selecting rows copies only these few tokens
-    Value tokens are never attended to (the value rule), so their keys and values are simply never stored: the
-    decoder needs no attention mask at all, and the result is exactly what the masked model computes.
+    Three levels of keys and values per layer, each stored once and shared by everything below it:
+      context  Pc tokens per environment (E)   its context, computed once and shared by all of its rows
+      past     n tokens per beam (E*W)         what the beam generated since the context, shared by its children
+      own      m tokens per child (E*W*X)      what the child generated since its beam was expanded (a few)
+    Expanding a beam copies nothing: its X children read the beam's past in place. Selecting the new beams copies
+    each survivor's past and own tokens into the new past, once. Value tokens are never attended to (the value
+    rule), so their keys and values are never stored: the decoder needs no attention mask at all, and the result
+    is exactly what the masked model computes.
 
-    `_step` is the model's forward pass for one new token per row, written out with as few PyTorch operations
-    as possible: at beam-search sizes (32-64 rows) the cost of launching an operation rivals its arithmetic.
+    At beam-search sizes (32-64 rows) the cost of launching a PyTorch operation rivals its arithmetic, so `_step`,
+    the model's forward pass for one new token per row, is written for as few operations as possible:
+    - heads come first, so the queries of one environment, or of one beam's children, are a contiguous block of
+      rows: every level's scores come out as (H, B, keys), and attention is a few plain `torch.bmm` calls;
+    - context and past keys are stored transposed, (D, n), so those products need no transposed operand (about
+      twice as fast on a CPU at these tiny sizes); a child's own few tokens are elementwise products and sums;
+    - the weights are laid out once for `addmm`, with 1/sqrt(D) folded into the query projection.
     """
 
     def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
@@ -142,17 +149,21 @@ class CachedDecoder:
         E, P = prefix.shape
         H, D = c.n_head, c.n_embd // c.n_head
         self.model, self.td, self.n_bins, self.H, self.D = model, c.transition_dim, c.n_bins, H, D
-        self.E, self.position, self.n = E, P, 0  # environments, next absolute position, row tokens stored
+        self.E, self.position = E, P  # environments, the next token's absolute position
 
         context = model.new_cache(E, capacity=P)
         logits, _ = model(prefix, cache=context, last_only=True)  # (E, 1, N)
         attended = torch.arange(P, device=prefix.device) % self.td != self.td - 1  # all but value tokens
-        self.context_k = context.k[:, :, :, attended]  # (L, E, H, Pc, D)
-        self.context_v = context.v[:, :, :, attended]
-        self.rows = context.k.new_empty(2, c.n_layer, E * beams_per_env, H, new_tokens, D)  # k and v per row
+        Pc = int(attended.sum())
+        self.context_k = list(context.k[:, :, :, attended].permute(0, 2, 1, 4, 3).reshape(-1, H * E, D, Pc))
+        self.context_v = list(context.v[:, :, :, attended].transpose(1, 2).reshape(-1, H * E, Pc, D))
+        rows = E * beams_per_env
+        self._set_past(context.k.new_empty(c.n_layer, H, rows, D, new_tokens),  # keys (L, H, E*W, D, capacity)
+                       context.k.new_empty(c.n_layer, H, rows, new_tokens, D), 0)  # values (L, H, E*W, capacity, D)
+        self.own_k = self.own_v = None  # the children's own tokens, (L, H, E*W*X, capacity, D), while expanded
+        self.n_own, self.children = 0, 1
         self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
 
-        # the weights, arranged once for addmm; 1/sqrt(D) folded into the query projection
         scale = torch.ones(3 * c.n_embd, device=prefix.device, dtype=context.k.dtype)
         scale[:c.n_embd] = D ** -0.5
         self.layers = []
@@ -162,34 +173,57 @@ class CachedDecoder:
                                 a.proj.weight.t().contiguous(), a.proj.bias, block.ln_2,
                                 m.up.weight.t().contiguous(), m.up.bias, m.down.weight.t().contiguous(), m.down.bias))
 
+    def _set_past(self, keys: torch.Tensor, values: torch.Tensor, n: int) -> None:
+        self.past_k, self.past_v, self.n_past = keys, values, n
+        self.layer_k, self.layer_v = list(keys), list(values)  # per layer: (H, E*W, D, capacity), (H, E*W, capacity, D)
+
     def _step(self, bins: torch.Tensor) -> torch.Tensor:
         """bins (B,) of the token at `self.position` for every row -> logits (B, N) of the next token."""
-        model, E, H, D, n = self.model, self.E, self.H, self.D, self.n
+        model, E, H, D, X = self.model, self.E, self.H, self.D, self.children
         B = bins.shape[0]
-        R = B // E  # rows per environment
+        beams = B // X  # E*W rows of past
         dim = self.position % self.td
-        is_value = dim == self.td - 1
+        store = dim != self.td - 1  # a value token is neither stored nor attended to, not even by itself
+        if X > 1 and store and self.n_own == self.own_v.shape[3]:  # the children's buffers are full: double them
+            self.own_k = torch.cat([self.own_k, torch.empty_like(self.own_k)], dim=3)
+            self.own_v = torch.cat([self.own_v, torch.empty_like(self.own_v)], dim=3)
+        # the new token goes to the children's own tokens while expanded, else straight into the beams' past
+        n_past = self.n_past + (store and X == 1)  # past tokens this token attends to
+        n_own = self.n_own + store if X > 1 else 0  # own tokens it attends to
+        Pc = self.context_v[0].shape[1]
         x = model.tok_emb.weight[dim * self.n_bins:(dim + 1) * self.n_bins][bins] + model.pos_emb[self.position]
-        seen = n if is_value else n + 1  # row tokens this token attends to (a value token not even itself)
         for layer, (ln_1, w_qkv, b_qkv, w_proj, b_proj, ln_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
             h = F.layer_norm(x, ln_1.normalized_shape, ln_1.weight, ln_1.bias, ln_1.eps)
-            q, k, v = torch.addmm(b_qkv, h, w_qkv).view(B, 3, H, D).unbind(1)  # each (B, H, D)
-            keys, values = self.rows[0, layer], self.rows[1, layer]  # (B, H, capacity, D)
-            if not is_value:
-                keys[:, :, n] = k
-                values[:, :, n] = v
-            q_env = q.view(E, R, H, D).transpose(1, 2)  # (E, H, R, D)
-            scores = torch.cat([(q_env @ self.context_k[layer].transpose(-2, -1)).transpose(1, 2),  # (E, R, H, Pc)
-                                (q.unsqueeze(2) @ keys[:, :, :seen].transpose(-2, -1)).view(E, R, H, seen)], dim=-1)
-            weights = torch.softmax(scores, dim=-1)  # (E, R, H, Pc + seen)
-            Pc = self.context_k.shape[3]
-            y = (weights[..., Pc:].reshape(B, H, 1, seen) @ values[:, :, :seen]).view(E, R, H, D)
-            y += (weights[..., :Pc].transpose(1, 2) @ self.context_v[layer]).transpose(1, 2)  # (E, R, H, D)
-            x = x + torch.addmm(b_proj, y.view(B, H * D), w_proj)
+            q, k, v = torch.addmm(b_qkv, h, w_qkv).view(B, 3, H, D).permute(1, 2, 0, 3)  # each (H, B, D)
+            if store and X > 1:
+                self.own_k[layer, :, :, self.n_own] = k
+                self.own_v[layer, :, :, self.n_own] = v
+            elif store:
+                self.layer_k[layer][..., self.n_past] = k
+                self.layer_v[layer][:, :, self.n_past] = v
+            q = q.contiguous()
+            scores = [torch.bmm(q.view(H * E, B // E, D), self.context_k[layer]).view(H, B, Pc)]
+            if n_past:
+                past_k = self.layer_k[layer][..., :n_past].view(H * beams, D, n_past)
+                past_v = self.layer_v[layer][:, :, :n_past].view(H * beams, n_past, D)
+                scores.append(torch.bmm(q.view(H * beams, X, D), past_k).view(H, B, n_past))
+            if n_own:
+                own_k, own_v = self.own_k[layer, :, :, :n_own], self.own_v[layer, :, :, :n_own]  # (H, B, m, D)
+                scores.append((own_k * q.unsqueeze(2)).sum(-1))  # (H, B, m)
+            weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # (H, B, Pc + n_past + n_own)
+            y = torch.bmm(weights[..., :Pc].view(H * E, B // E, Pc), self.context_v[layer]).view(H, B, D)
+            if n_past:
+                y += torch.bmm(weights[..., Pc:Pc + n_past].view(H * beams, X, n_past), past_v).view(H, B, D)
+            if n_own:
+                y += (weights[..., Pc + n_past:].unsqueeze(-1) * own_v).sum(2)
+            x = x + torch.addmm(b_proj, y.transpose(0, 1).reshape(B, H * D), w_proj)
             h = F.layer_norm(x, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.eps)
             x = x + torch.addmm(b_down, F.gelu(torch.addmm(b_up, h, w_up)), w_down)
         self.position += 1
-        self.n += 0 if is_value else 1
+        if store and X > 1:
+            self.n_own += 1
+        elif store:
+            self.n_past += 1
         x = F.layer_norm(x, model.ln_f.normalized_shape, model.ln_f.weight, model.ln_f.bias, model.ln_f.eps)
         nxt = self.position % self.td
         return torch.addmm(model.head_bias[nxt], x, model.head_weight[nxt])  # (B, N)
@@ -197,19 +231,30 @@ class CachedDecoder:
     def feed(self, bins: torch.Tensor) -> torch.Tensor:
         return self._step(bins)
 
-    def _take(self, rows: torch.Tensor) -> None:
-        """Rows become rows[indices]; only the stored tokens are copied."""
-        new = self.rows.new_empty(*self.rows.shape[:2], rows.numel(), *self.rows.shape[3:])
-        torch.index_select(self.rows[:, :, :, :, :self.n], 2, rows, out=new[:, :, :, :, :self.n])
-        self.rows = new
-
     def expand(self, children: int) -> None:
-        B = self.rows.shape[2]
-        self._take(torch.arange(B, device=self.rows.device).repeat_interleave(children))
+        """Every row gets `children` children, which share its past: nothing is copied."""
+        if self.children > 1:  # expanding children again: they become beams first
+            self.select(torch.arange(self.own_v.shape[2], device=self.own_v.device))
+        L, H, rows, D = *self.past_v.shape[:3], self.D
+        self.children, self.n_own = children, 0
+        self.own_k = self.past_v.new_empty(L, H, rows * children, 8, D)  # room for 8 tokens, grows if more come
+        self.own_v = self.past_v.new_empty(L, H, rows * children, 8, D)
 
     def select(self, keep: torch.Tensor) -> None:
-        """keep (E*W,): the rows that become the new beams."""
-        self._take(keep)
+        """keep (E*W,): the rows (children) that become the new beams, with their beam's past and own tokens.
+        Rows never change environment: the first W entries of keep are rows of environment 0, and so on."""
+        n, m = self.n_past, self.n_own
+        parents = keep // self.children
+        new_k = self.past_k.new_empty(*self.past_k.shape[:2], keep.numel(), *self.past_k.shape[3:])
+        new_v = self.past_v.new_empty(*self.past_v.shape[:2], keep.numel(), *self.past_v.shape[3:])
+        torch.index_select(self.past_k[..., :n], 2, parents, out=new_k[..., :n])
+        torch.index_select(self.past_v[..., :n, :], 2, parents, out=new_v[..., :n, :])
+        if m:
+            new_k[..., n:n + m] = self.own_k[:, :, :, :m].index_select(2, keep).transpose(-2, -1)
+            torch.index_select(self.own_v[..., :m, :], 2, keep, out=new_v[..., n:n + m, :])
+        self._set_past(new_k, new_v, n + m)
+        self.own_k = self.own_v = None
+        self.n_own, self.children = 0, 1
 
 
 class RecomputeDecoder:

@@ -42,9 +42,9 @@ class TrainConfig:
     n_head: int = 4  # attention heads
     n_embd: int = 128  # model width
     n_transitions: int = 10  # window length in transitions
-    dropout: float = 0.0  # dropout during training (one pass over the data leaves little to overfit)
+    dropout: float = 0.1  # dropout during training (three passes over the data: enough to start overfitting)
     batch_size: int = 64  # windows per step
-    steps: int = 1800  # optimiser steps in total (about one pass over the course data)
+    steps: int = 5400  # optimiser steps in total (about three passes over the course data)
     lr: float = 6e-4  # peak learning rate
     min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 100  # linear warmup from 0 to lr
