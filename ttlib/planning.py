@@ -92,8 +92,9 @@ def _pcg_hash(x: torch.Tensor) -> torch.Tensor:
     return ((word >> 22) ^ word) & _MASK32
 
 
-def counter_uniform(keys: torch.Tensor, counter: int, rows: torch.Tensor) -> torch.Tensor:
-    """Uniform numbers in (0, 1), float64, one per entry of keys/rows, a pure function of (key, counter, row)."""
+def counter_uniform(keys: torch.Tensor, counter: int | torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Uniform numbers in (0, 1), float64, one per entry of keys/rows, a pure function of (key, counter, row).
+    The three broadcast: keys and rows (B, 1) with counters (A,) give (B, A), the numbers of A counters at once."""
     h = _pcg_hash(keys & _MASK32)
     h = _pcg_hash(h ^ ((keys >> 32) & _MASK32))
     h = _pcg_hash(h ^ counter)
@@ -108,7 +109,8 @@ def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None =
     top_k keeps the k likeliest bins; top_p ("nucleus") keeps the likeliest bins until they hold a probability
     of at least top_p. On data from a mixture of policies, top_p drops the rare, random-looking actions.
     """
-    logits = logits / temperature
+    if temperature != 1:
+        logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -131,17 +133,19 @@ class CachedDecoder:
       past     n tokens per beam (E*W)         what the beam generated since the context, shared by its children
       own      m tokens per child (E*W*X)      what the child generated since its beam was expanded (a few)
     Expanding a beam copies nothing: its X children read the beam's past in place. Selecting the new beams copies
-    each survivor's past and own tokens into the new past, once. Value tokens are never attended to (the value
-    rule), so their keys and values are never stored: the decoder needs no attention mask at all, and the result
-    is exactly what the masked model computes.
+    each survivor's past and own tokens into the new past, once: into a spare buffer, and the two swap at every
+    selection (fresh multi-MB buffers would cost more than the copy: the operating system hands out new memory a
+    page at a time). Value tokens are never attended to (the value rule), so their keys and values are never
+    stored: the decoder needs no attention mask at all, and the result is exactly what the masked model computes.
 
     At beam-search sizes (32-64 rows) the cost of launching a PyTorch operation rivals its arithmetic, so `_step`,
     the model's forward pass for one new token per row, is written for as few operations as possible:
     - heads come first, so the queries of one environment, or of one beam's children, are a contiguous block of
       rows: every level's scores come out as (H, B, keys), and attention is a few plain `torch.bmm` calls;
-    - context and past keys are stored transposed, (D, n), so those products need no transposed operand (about
-      twice as fast on a CPU at these tiny sizes); a child's own few tokens are elementwise products and sums;
-    - the weights are laid out once for `addmm`, with 1/sqrt(D) folded into the query projection.
+    - keys are stored transposed, (D, n), so those products need no transposed operand (about twice as fast on a
+      CPU at these tiny sizes); each level keeps a flat (H*rows, ...) view of its buffers, so a step only slices;
+    - the weights are laid out once for `mm`, with 1/sqrt(D) folded into the query projection; biases are added in
+      place and the residual rides in `addmm`'s accumulator.
     """
 
     def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
@@ -158,10 +162,15 @@ class CachedDecoder:
         self.context_k = list(context.k[:, :, :, attended].permute(0, 2, 1, 4, 3).reshape(-1, H * E, D, Pc))
         self.context_v = list(context.v[:, :, :, attended].transpose(1, 2).reshape(-1, H * E, Pc, D))
         rows = E * beams_per_env
-        self._set_past(context.k.new_empty(c.n_layer, H, rows, D, new_tokens),  # keys (L, H, E*W, D, capacity)
-                       context.k.new_empty(c.n_layer, H, rows, new_tokens, D), 0)  # values (L, H, E*W, capacity, D)
-        self.own_k = self.own_v = None  # the children's own tokens, (L, H, E*W*X, capacity, D), while expanded
+        # two buffers for the past, used in turn: selecting copies from one into the other. Allocating fresh ones
+        # for every selection would cost more than the copy: the operating system hands out new pages one by one.
+        self.spare_k = context.k.new_empty(c.n_layer, H, rows, D, new_tokens)  # keys (L, H, E*W, D, capacity)
+        self.spare_v = context.k.new_empty(c.n_layer, H, rows, new_tokens, D)  # values (L, H, E*W, capacity, D)
+        self._set_past(torch.empty_like(self.spare_k), torch.empty_like(self.spare_v), 0)
+        self.own_k = self.own_v = None  # the children's own tokens while expanded: keys (L, H, E*W*X, D, capacity),
+        # values (L, H, E*W*X, capacity, D)
         self.n_own, self.children = 0, 1
+        self.spare_own = None  # the children's buffers, kept for the next expansion
         self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
 
         scale = torch.ones(3 * c.n_embd, device=prefix.device, dtype=context.k.dtype)
@@ -176,6 +185,13 @@ class CachedDecoder:
     def _set_past(self, keys: torch.Tensor, values: torch.Tensor, n: int) -> None:
         self.past_k, self.past_v, self.n_past = keys, values, n
         self.layer_k, self.layer_v = list(keys), list(values)  # per layer: (H, E*W, D, capacity), (H, E*W, capacity, D)
+        self.read_k = [k.flatten(0, 1) for k in keys]  # per layer: (H*E*W, D, capacity), the same memory
+        self.read_v = [v.flatten(0, 1) for v in values]  # per layer: (H*E*W, capacity, D)
+
+    def _set_own(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.own_k, self.own_v = keys, values
+        self.own_read_k = [k.flatten(0, 1) for k in keys]  # per layer: (H*E*W*X, D, capacity)
+        self.own_read_v = [v.flatten(0, 1) for v in values]  # per layer: (H*E*W*X, capacity, D)
 
     def _step(self, bins: torch.Tensor) -> torch.Tensor:
         """bins (B,) of the token at `self.position` for every row -> logits (B, N) of the next token."""
@@ -185,8 +201,8 @@ class CachedDecoder:
         dim = self.position % self.td
         store = dim != self.td - 1  # a value token is neither stored nor attended to, not even by itself
         if X > 1 and store and self.n_own == self.own_v.shape[3]:  # the children's buffers are full: double them
-            self.own_k = torch.cat([self.own_k, torch.empty_like(self.own_k)], dim=3)
-            self.own_v = torch.cat([self.own_v, torch.empty_like(self.own_v)], dim=3)
+            self._set_own(torch.cat([self.own_k, torch.empty_like(self.own_k)], dim=4),
+                          torch.cat([self.own_v, torch.empty_like(self.own_v)], dim=3))
         # the new token goes to the children's own tokens while expanded, else straight into the beams' past
         n_past = self.n_past + (store and X == 1)  # past tokens this token attends to
         n_own = self.n_own + store if X > 1 else 0  # own tokens it attends to
@@ -194,9 +210,9 @@ class CachedDecoder:
         x = model.tok_emb.weight[dim * self.n_bins:(dim + 1) * self.n_bins][bins] + model.pos_emb[self.position]
         for layer, (ln_1, w_qkv, b_qkv, w_proj, b_proj, ln_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
             h = F.layer_norm(x, ln_1.normalized_shape, ln_1.weight, ln_1.bias, ln_1.eps)
-            q, k, v = torch.addmm(b_qkv, h, w_qkv).view(B, 3, H, D).permute(1, 2, 0, 3)  # each (H, B, D)
+            q, k, v = torch.mm(h, w_qkv).add_(b_qkv).view(B, 3, H, D).permute(1, 2, 0, 3)  # each (H, B, D)
             if store and X > 1:
-                self.own_k[layer, :, :, self.n_own] = k
+                self.own_k[layer, ..., self.n_own] = k
                 self.own_v[layer, :, :, self.n_own] = v
             elif store:
                 self.layer_k[layer][..., self.n_past] = k
@@ -204,21 +220,20 @@ class CachedDecoder:
             q = q.contiguous()
             scores = [torch.bmm(q.view(H * E, B // E, D), self.context_k[layer]).view(H, B, Pc)]
             if n_past:
-                past_k = self.layer_k[layer][..., :n_past].view(H * beams, D, n_past)
-                past_v = self.layer_v[layer][:, :, :n_past].view(H * beams, n_past, D)
-                scores.append(torch.bmm(q.view(H * beams, X, D), past_k).view(H, B, n_past))
+                scores.append(torch.bmm(q.view(H * beams, X, D), self.read_k[layer][..., :n_past]).view(H, B, n_past))
             if n_own:
-                own_k, own_v = self.own_k[layer, :, :, :n_own], self.own_v[layer, :, :, :n_own]  # (H, B, m, D)
-                scores.append((own_k * q.unsqueeze(2)).sum(-1))  # (H, B, m)
+                scores.append(torch.bmm(q.view(H * B, 1, D), self.own_read_k[layer][..., :n_own]).view(H, B, n_own))
             weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # (H, B, Pc + n_past + n_own)
             y = torch.bmm(weights[..., :Pc].view(H * E, B // E, Pc), self.context_v[layer]).view(H, B, D)
             if n_past:
-                y += torch.bmm(weights[..., Pc:Pc + n_past].view(H * beams, X, n_past), past_v).view(H, B, D)
+                y += torch.bmm(weights[..., Pc:Pc + n_past].view(H * beams, X, n_past),
+                               self.read_v[layer][:, :n_past]).view(H, B, D)
             if n_own:
-                y += (weights[..., Pc + n_past:].unsqueeze(-1) * own_v).sum(2)
-            x = x + torch.addmm(b_proj, y.transpose(0, 1).reshape(B, H * D), w_proj)
+                y += torch.bmm(weights[..., Pc + n_past:].reshape(H * B, 1, n_own),
+                               self.own_read_v[layer][:, :n_own]).view(H, B, D)
+            x = torch.addmm(x, y.transpose(0, 1).reshape(B, H * D), w_proj).add_(b_proj)
             h = F.layer_norm(x, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.eps)
-            x = x + torch.addmm(b_down, F.gelu(torch.addmm(b_up, h, w_up)), w_down)
+            x = torch.addmm(x, F.gelu(torch.mm(h, w_up).add_(b_up)), w_down).add_(b_down)
         self.position += 1
         if store and X > 1:
             self.n_own += 1
@@ -237,23 +252,28 @@ class CachedDecoder:
             self.select(torch.arange(self.own_v.shape[2], device=self.own_v.device))
         L, H, rows, D = *self.past_v.shape[:3], self.D
         self.children, self.n_own = children, 0
-        self.own_k = self.past_v.new_empty(L, H, rows * children, 8, D)  # room for 8 tokens, grows if more come
-        self.own_v = self.past_v.new_empty(L, H, rows * children, 8, D)
+        if self.spare_own is None or self.spare_own[1].shape[2] != rows * children:  # room for 8, grows if more come
+            self.spare_own = (self.past_v.new_empty(L, H, rows * children, D, 8),  # keys, transposed like the past's
+                              self.past_v.new_empty(L, H, rows * children, 8, D))
+        self._set_own(*self.spare_own)
 
     def select(self, keep: torch.Tensor) -> None:
         """keep (E*W,): the rows (children) that become the new beams, with their beam's past and own tokens.
         Rows never change environment: the first W entries of keep are rows of environment 0, and so on."""
         n, m = self.n_past, self.n_own
         parents = keep // self.children
-        new_k = self.past_k.new_empty(*self.past_k.shape[:2], keep.numel(), *self.past_k.shape[3:])
-        new_v = self.past_v.new_empty(*self.past_v.shape[:2], keep.numel(), *self.past_v.shape[3:])
+        if self.spare_v.shape[2] != keep.numel():  # a different number of beams: the spare buffers do not fit
+            self.spare_k = self.past_k.new_empty(*self.past_k.shape[:2], keep.numel(), *self.past_k.shape[3:])
+            self.spare_v = self.past_v.new_empty(*self.past_v.shape[:2], keep.numel(), *self.past_v.shape[3:])
+        new_k, new_v = self.spare_k, self.spare_v
+        self.spare_k, self.spare_v = self.past_k, self.past_v
         torch.index_select(self.past_k[..., :n], 2, parents, out=new_k[..., :n])
         torch.index_select(self.past_v[..., :n, :], 2, parents, out=new_v[..., :n, :])
         if m:
-            new_k[..., n:n + m] = self.own_k[:, :, :, :m].index_select(2, keep).transpose(-2, -1)
+            torch.index_select(self.own_k[..., :m], 2, keep, out=new_k[..., n:n + m])
             torch.index_select(self.own_v[..., :m, :], 2, keep, out=new_v[..., n:n + m, :])
         self._set_past(new_k, new_v, n + m)
-        self.own_k = self.own_v = None
+        self.spare_own, self.own_k, self.own_v = (self.own_k, self.own_v), None, None
         self.n_own, self.children = 0, 1
 
 
@@ -352,10 +372,10 @@ def _beam_plan(model, tokenizer, prefix, keys, config) -> Plan:
         logits = logits.repeat_interleave(X, dim=0)
         generated, discounted_rewards = generated.repeat_interleave(X, 0), discounted_rewards.repeat_interleave(X, 0)
         rewards, values = rewards.repeat_interleave(X, 0), values.repeat_interleave(X, 0)
-        for _ in range(A):  # sample the action, one dimension at a time
-            bins = sample_bins(logits, counter_uniform(row_keys, counter, rows), config.top_k_action,
-                               config.temperature, config.top_p_action)
-            counter += 1
+        uniforms = counter_uniform(row_keys[:, None], torch.arange(counter, counter + A, device=device), rows[:, None])
+        counter += A  # (E*R, A): one uniform number per row and action dimension
+        for a in range(A):  # sample the action, one dimension at a time
+            bins = sample_bins(logits, uniforms[:, a], config.top_k_action, config.temperature, config.top_p_action)
             append(bins)
             logits = decoder.feed(bins)
         reward_probs = torch.softmax(logits, dim=-1)
