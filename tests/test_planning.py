@@ -34,8 +34,9 @@ def test_cached_plan_equals_uncached_plan(dtype, seed):
 
 def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
     """Beyond what beam_plan does: more tokens per expansion than the children's first buffer holds (it grows),
-    children expanded again before a selection, and selections that keep, drop and duplicate rows (each row
-    stays with its environment: the first half of the rows plans for environment 0, the second for 1)."""
+    children expanded again before a selection, a selection with no expansion before it, and selections that keep,
+    drop and duplicate rows (each row stays with its environment: the first half of the rows plans for environment
+    0, the second for 1)."""
     model, _ = tiny(torch.float64)
     cached, recomputed = (Decoder(model, prefix_for(model, 2, 2), 3, 40) for Decoder in (CachedDecoder,
                                                                                          RecomputeDecoder))
@@ -44,6 +45,7 @@ def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
     rows = 6  # 2 environments x 3 beams
     with torch.inference_mode():
         for action, arg in [("expand", 2), ("feed", 11), ("select", [0, 0, 5, 6, 9, 11]), ("feed", 3),
+                            ("select", [2, 1, 1, 3, 5, 5]), ("feed", 1),
                             ("expand", 2), ("feed", 2), ("expand", 2), ("feed", 4),
                             ("select", [1, 4, 11, 12, 15, 20]), ("feed", 2)]:
             if action == "expand":

@@ -158,12 +158,10 @@ class CachedDecoder:
         context = model.new_cache(E, capacity=P)
         logits, _ = model(prefix, cache=context, last_only=True)  # (E, 1, N)
         attended = torch.arange(P, device=prefix.device) % self.td != self.td - 1  # all but value tokens
-        Pc = int(attended.sum())
+        self.Pc = Pc = int(attended.sum())  # context tokens that are attended to
         self.context_k = list(context.k[:, :, :, attended].permute(0, 2, 1, 4, 3).reshape(-1, H * E, D, Pc))
         self.context_v = list(context.v[:, :, :, attended].transpose(1, 2).reshape(-1, H * E, Pc, D))
         rows = E * beams_per_env
-        # two buffers for the past, used in turn: selecting copies from one into the other. Allocating fresh ones
-        # for every selection would cost more than the copy: the operating system hands out new pages one by one.
         self.spare_k = context.k.new_empty(c.n_layer, H, rows, D, new_tokens)  # keys (L, H, E*W, D, capacity)
         self.spare_v = context.k.new_empty(c.n_layer, H, rows, new_tokens, D)  # values (L, H, E*W, capacity, D)
         self._set_past(torch.empty_like(self.spare_k), torch.empty_like(self.spare_v), 0)
@@ -206,7 +204,7 @@ class CachedDecoder:
         # the new token goes to the children's own tokens while expanded, else straight into the beams' past
         n_past = self.n_past + (store and X == 1)  # past tokens this token attends to
         n_own = self.n_own + store if X > 1 else 0  # own tokens it attends to
-        Pc = self.context_v[0].shape[1]
+        Pc = self.Pc
         x = model.tok_emb.weight[dim * self.n_bins:(dim + 1) * self.n_bins][bins] + model.pos_emb[self.position]
         for layer, (ln_1, w_qkv, b_qkv, w_proj, b_proj, ln_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
             h = F.layer_norm(x, ln_1.normalized_shape, ln_1.weight, ln_1.bias, ln_1.eps)
@@ -273,7 +271,8 @@ class CachedDecoder:
             torch.index_select(self.own_k[..., :m], 2, keep, out=new_k[..., n:n + m])
             torch.index_select(self.own_v[..., :m, :], 2, keep, out=new_v[..., n:n + m, :])
         self._set_past(new_k, new_v, n + m)
-        self.spare_own, self.own_k, self.own_v = (self.own_k, self.own_v), None, None
+        if self.own_k is not None:  # keep the children's buffers for the next expansion
+            self.spare_own, self.own_k, self.own_v = (self.own_k, self.own_v), None, None
         self.n_own, self.children = 0, 1
 
 
