@@ -175,7 +175,7 @@ def profile_planning(preset: str = "halfcheetah", batch: int = 1, device: str = 
     beam_plan(model, tokenizer, prefix, torch.arange(batch), planner)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         beam_plan(model, tokenizer, prefix, torch.arange(batch), planner)
-    kinds = {"matmul": ("addmm", "bmm", "mm"),
+    kinds = {"matmul": ("addmm", "bmm", "baddbmm", "baddbmm_", "mm"),
              "softmax, gelu, layer norm": ("_softmax", "gelu", "native_layer_norm"),
              "copies (cache writes, beam selection, cat)": ("copy_", "index_select", "cat", "index")}
     shares = dict.fromkeys([*kinds, "everything else (small ops, views, Python)"], 0.0)

@@ -128,31 +128,37 @@ def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None =
 class CachedDecoder:
     """One token at a time for every row, on a KV cache laid out for beam search.
 
-    Three levels of keys and values per layer, each stored once and shared by everything below it:
+    Two levels of keys and values per layer, each stored once and shared by every row below it:
       context  Pc tokens per environment (E)   its context, computed once and shared by all of its rows
-      past     n tokens per beam (E*W)         what the beam generated since the context, shared by its children
-      own      m tokens per child (E*W*X)      what the child generated since its beam was expanded (a few)
-    Expanding a beam copies nothing: its X children read the beam's past in place. Selecting the new beams copies
-    each survivor's past and own tokens into the new past, once: into a spare buffer, and the two swap at every
-    selection (fresh multi-MB buffers would cost more than the copy: the operating system hands out new memory a
-    page at a time). Value tokens are never attended to (the value rule), so their keys and values are never
-    stored: the decoder needs no attention mask at all, and the result is exactly what the masked model computes.
+      past     tokens per beam (E*W)           what the beam generated since the context, shared by its children
+    Expanding a beam into X children copies nothing: the children read their beam's past in place, and write
+    their own new tokens into the beam's buffer too, interleaved (token j of child c at n + j*X + c, so the X
+    children's keys and values of one step land in one contiguous block). A child must not see its siblings'
+    tokens: an additive mask (0 or -inf), the starting value of the scores' `baddbmm`, hides them, so the past
+    stays one product for the scores and one for the values.
+    Selecting the new beams copies each survivor's past and own tokens into the new past, once: into a spare
+    buffer, and the two swap at every selection (fresh multi-MB buffers would cost more than the copy: the
+    operating system hands out new memory a page at a time). Value tokens are never attended to (the value rule),
+    so their keys and values are never stored, and the result is exactly what the masked model computes.
 
     At beam-search sizes (32-64 rows) the cost of launching a PyTorch operation rivals its arithmetic, so `_step`,
     the model's forward pass for one new token per row, is written for as few operations as possible:
     - heads come first, so the queries of one environment, or of one beam's children, are a contiguous block of
       rows: every level's scores come out as (H, B, keys), and attention is a few plain `torch.bmm` calls;
-    - keys are stored transposed, (D, n), so those products need no transposed operand (about twice as fast on a
-      CPU at these tiny sizes); each level keeps a flat (H*rows, ...) view of its buffers, so a step only slices;
+    - keys sit beside their values in one buffer, (2, ..., capacity, D): storing a new token's keys and values is
+      one copy of whole rows. (Keys stored transposed, (D, capacity), make the product cheaper but the store
+      scatters one number per cache line, which costs more in a real plan than the product saves.) Flat
+      (H*rows, ...) views of the buffers are made once per selection, so a step only slices;
     - the weights are laid out once for `mm`, with 1/sqrt(D) folded into the query projection; biases are added in
       place and the residual rides in `addmm`'s accumulator.
     """
 
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int):
+        """capacity: slots per beam to allocate up front (each step of X children takes X); grows if short."""
         c = model.config
         E, P = prefix.shape
         H, D = c.n_head, c.n_embd // c.n_head
-        self.model, self.td, self.n_bins, self.H, self.D = model, c.transition_dim, c.n_bins, H, D
+        self.td, self.n_bins, self.H, self.D = c.transition_dim, c.n_bins, H, D
         self.E, self.position = E, P  # environments, the next token's absolute position
 
         context = model.new_cache(E, capacity=P)
@@ -162,13 +168,9 @@ class CachedDecoder:
         self.context_k = list(context.k[:, :, :, attended].permute(0, 2, 1, 4, 3).reshape(-1, H * E, D, Pc))
         self.context_v = list(context.v[:, :, :, attended].transpose(1, 2).reshape(-1, H * E, Pc, D))
         rows = E * beams_per_env
-        self.spare_k = context.k.new_empty(c.n_layer, H, rows, D, new_tokens)  # keys (L, H, E*W, D, capacity)
-        self.spare_v = context.k.new_empty(c.n_layer, H, rows, new_tokens, D)  # values (L, H, E*W, capacity, D)
-        self._set_past(torch.empty_like(self.spare_k), torch.empty_like(self.spare_v), 0)
-        self.own_k = self.own_v = None  # the children's own tokens while expanded: keys (L, H, E*W*X, D, capacity),
-        # values (L, H, E*W*X, capacity, D)
-        self.n_own, self.children = 0, 1
-        self.spare_own = None  # the children's buffers, kept for the next expansion
+        self.spare = context.k.new_empty(c.n_layer, 2, H, rows, capacity, D)  # keys, values (L, 2, H, E*W, cap, D)
+        self._set_past(torch.empty_like(self.spare), 0)
+        self.n_own, self.children = 0, 1  # tokens each child wrote since its beam was expanded; children per beam
         self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
 
         scale = torch.ones(3 * c.n_embd, device=prefix.device, dtype=context.k.dtype)
@@ -176,70 +178,61 @@ class CachedDecoder:
         self.layers = []
         for block in model.blocks:
             a, m = block.attn, block.mlp
-            self.layers.append((block.ln_1, (a.qkv.weight * scale[:, None]).t().contiguous(), a.qkv.bias * scale,
-                                a.proj.weight.t().contiguous(), a.proj.bias, block.ln_2,
+            self.layers.append((_norm_args(block.ln_1), (a.qkv.weight * scale[:, None]).t().contiguous(),
+                                a.qkv.bias * scale, a.proj.weight.t().contiguous(), a.proj.bias, _norm_args(block.ln_2),
                                 m.up.weight.t().contiguous(), m.up.bias, m.down.weight.t().contiguous(), m.down.bias))
+        self.norm_f, self.tok_emb, self.pos_emb = _norm_args(model.ln_f), model.tok_emb.weight, model.pos_emb
+        self.head_weight, self.head_bias = model.head_weight, model.head_bias  # (td, C, N), (td, N)
 
-    def _set_past(self, keys: torch.Tensor, values: torch.Tensor, n: int) -> None:
-        self.past_k, self.past_v, self.n_past = keys, values, n
-        self.layer_k, self.layer_v = list(keys), list(values)  # per layer: (H, E*W, D, capacity), (H, E*W, capacity, D)
-        self.read_k = [k.flatten(0, 1) for k in keys]  # per layer: (H*E*W, D, capacity), the same memory
-        self.read_v = [v.flatten(0, 1) for v in values]  # per layer: (H*E*W, capacity, D)
-
-    def _set_own(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.own_k, self.own_v = keys, values
-        self.own_read_k = [k.flatten(0, 1) for k in keys]  # per layer: (H*E*W*X, D, capacity)
-        self.own_read_v = [v.flatten(0, 1) for v in values]  # per layer: (H*E*W*X, capacity, D)
+    def _set_past(self, kv: torch.Tensor, n: int) -> None:
+        self.past, self.n_past = kv, n  # n: tokens every beam has; its children's follow, interleaved
+        self.past_layers = list(kv)  # per layer: (2, H, E*W, capacity, D)
+        self.read_k = [k.flatten(0, 1) for k in kv[:, 0]]  # per layer: (H*E*W, capacity, D), the same memory
+        self.read_v = [v.flatten(0, 1) for v in kv[:, 1]]
 
     def _step(self, bins: torch.Tensor) -> torch.Tensor:
         """bins (B,) of the token at `self.position` for every row -> logits (B, N) of the next token."""
-        model, E, H, D, X = self.model, self.E, self.H, self.D, self.children
+        E, H, D, X = self.E, self.H, self.D, self.children
         B = bins.shape[0]
         beams = B // X  # E*W rows of past
         dim = self.position % self.td
         store = dim != self.td - 1  # a value token is neither stored nor attended to, not even by itself
-        if X > 1 and store and self.n_own == self.own_v.shape[3]:  # the children's buffers are full: double them
-            self._set_own(torch.cat([self.own_k, torch.empty_like(self.own_k)], dim=4),
-                          torch.cat([self.own_v, torch.empty_like(self.own_v)], dim=3))
-        # the new token goes to the children's own tokens while expanded, else straight into the beams' past
-        n_past = self.n_past + (store and X == 1)  # past tokens this token attends to
-        n_own = self.n_own + store if X > 1 else 0  # own tokens it attends to
+        slot = self.n_past + self.n_own * X  # where this step's X tokens of a beam go
+        n = slot + X * store  # past slots this token's scores cover (its siblings' masked out)
+        if n > self.past.shape[4]:  # the buffer is full: double it
+            self._set_past(torch.cat([self.past, torch.empty_like(self.past)], dim=4), self.n_past)
+            self._mask_siblings()
+        mask = self.sibling_mask[:, :n] if X > 1 else None  # (X, n)
         Pc = self.Pc
-        x = model.tok_emb.weight[dim * self.n_bins:(dim + 1) * self.n_bins][bins] + model.pos_emb[self.position]
-        for layer, (ln_1, w_qkv, b_qkv, w_proj, b_proj, ln_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
-            h = F.layer_norm(x, ln_1.normalized_shape, ln_1.weight, ln_1.bias, ln_1.eps)
-            q, k, v = torch.mm(h, w_qkv).add_(b_qkv).view(B, 3, H, D).permute(1, 2, 0, 3)  # each (H, B, D)
-            if store and X > 1:
-                self.own_k[layer, ..., self.n_own] = k
-                self.own_v[layer, :, :, self.n_own] = v
-            elif store:
-                self.layer_k[layer][..., self.n_past] = k
-                self.layer_v[layer][:, :, self.n_past] = v
-            q = q.contiguous()
-            scores = [torch.bmm(q.view(H * E, B // E, D), self.context_k[layer]).view(H, B, Pc)]
-            if n_past:
-                scores.append(torch.bmm(q.view(H * beams, X, D), self.read_k[layer][..., :n_past]).view(H, B, n_past))
-            if n_own:
-                scores.append(torch.bmm(q.view(H * B, 1, D), self.own_read_k[layer][..., :n_own]).view(H, B, n_own))
-            weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # (H, B, Pc + n_past + n_own)
+        table = self.tok_emb[dim * self.n_bins:(dim + 1) * self.n_bins]  # (N, C): this dimension's tokens
+        x = F.embedding(bins, table) + self.pos_emb[self.position]  # (B, C)
+        for layer, (norm_1, w_qkv, b_qkv, w_proj, b_proj, norm_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
+            h = torch.layer_norm(x, *norm_1)
+            qkv = torch.mm(h, w_qkv).add_(b_qkv).view(B, 3, H, D).permute(1, 2, 0, 3)  # (3, H, B, D)
+            if store:  # (2, H, E*W, X, D): the X children of a beam side by side
+                self.past_layers[layer][:, :, :, slot:n] = qkv[1:].view(2, H, beams, X, D)
+            q = qkv[0].contiguous()  # (H, B, D)
+            scores = torch.bmm(q.view(H * E, B // E, D), self.context_k[layer]).view(H, B, Pc)
+            if n:
+                keys = self.read_k[layer][:, :n].transpose(1, 2)  # (H*E*W, D, n)
+                past_scores = (torch.bmm(q.view(H * beams, X, D), keys) if mask is None else
+                               torch.baddbmm(mask, q.view(H * beams, X, D), keys))  # (H*E*W, X, n)
+                scores = torch.cat([scores, past_scores.view(H, B, n)], dim=-1)
+            weights = torch.softmax(scores, dim=-1)  # (H, B, Pc + n)
             y = torch.bmm(weights[..., :Pc].view(H * E, B // E, Pc), self.context_v[layer]).view(H, B, D)
-            if n_past:
-                y += torch.bmm(weights[..., Pc:Pc + n_past].view(H * beams, X, n_past),
-                               self.read_v[layer][:, :n_past]).view(H, B, D)
-            if n_own:
-                y += torch.bmm(weights[..., Pc + n_past:].reshape(H * B, 1, n_own),
-                               self.own_read_v[layer][:, :n_own]).view(H, B, D)
+            if n:
+                y.view(H * beams, X, D).baddbmm_(weights[..., Pc:].view(H * beams, X, n), self.read_v[layer][:, :n])
             x = torch.addmm(x, y.transpose(0, 1).reshape(B, H * D), w_proj).add_(b_proj)
-            h = F.layer_norm(x, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.eps)
+            h = torch.layer_norm(x, *norm_2)
             x = torch.addmm(x, F.gelu(torch.mm(h, w_up).add_(b_up)), w_down).add_(b_down)
         self.position += 1
         if store and X > 1:
             self.n_own += 1
         elif store:
             self.n_past += 1
-        x = F.layer_norm(x, model.ln_f.normalized_shape, model.ln_f.weight, model.ln_f.bias, model.ln_f.eps)
+        x = torch.layer_norm(x, *self.norm_f)
         nxt = self.position % self.td
-        return torch.addmm(model.head_bias[nxt], x, model.head_weight[nxt])  # (B, N)
+        return torch.addmm(self.head_bias[nxt], x, self.head_weight[nxt])  # (B, N)
 
     def feed(self, bins: torch.Tensor) -> torch.Tensor:
         return self._step(bins)
@@ -247,39 +240,44 @@ class CachedDecoder:
     def expand(self, children: int) -> None:
         """Every row gets `children` children, which share its past: nothing is copied."""
         if self.children > 1:  # expanding children again: they become beams first
-            self.select(torch.arange(self.own_v.shape[2], device=self.own_v.device))
-        L, H, rows, D = *self.past_v.shape[:3], self.D
+            self.select(torch.arange(self.past.shape[3] * self.children, device=self.past.device))
         self.children, self.n_own = children, 0
-        if self.spare_own is None or self.spare_own[1].shape[2] != rows * children:  # room for 8, grows if more come
-            self.spare_own = (self.past_v.new_empty(L, H, rows * children, D, 8),  # keys, transposed like the past's
-                              self.past_v.new_empty(L, H, rows * children, 8, D))
-        self._set_own(*self.spare_own)
+        self._mask_siblings()
+
+    def _mask_siblings(self) -> None:
+        """(X, capacity), added to a beam's X children's scores: 0 where child c may look (the beam's past, its own
+        slots), -inf on its siblings' slots."""
+        X = self.children
+        slot = torch.arange(self.past.shape[4], device=self.past.device) - self.n_past  # (capacity,)
+        sees = (slot < 0) | (slot % X == torch.arange(X, device=slot.device)[:, None])  # (X, capacity)
+        self.sibling_mask = torch.zeros(sees.shape, dtype=self.past.dtype, device=slot.device).masked_fill_(
+            ~sees, float("-inf"))
 
     def select(self, keep: torch.Tensor) -> None:
         """keep (E*W,): the rows (children) that become the new beams, with their beam's past and own tokens.
         Rows never change environment: the first W entries of keep are rows of environment 0, and so on."""
-        n, m = self.n_past, self.n_own
-        parents = keep // self.children
-        if self.spare_v.shape[2] != keep.numel():  # a different number of beams: the spare buffers do not fit
-            self.spare_k = self.past_k.new_empty(*self.past_k.shape[:2], keep.numel(), *self.past_k.shape[3:])
-            self.spare_v = self.past_v.new_empty(*self.past_v.shape[:2], keep.numel(), *self.past_v.shape[3:])
-        new_k, new_v = self.spare_k, self.spare_v
-        self.spare_k, self.spare_v = self.past_k, self.past_v
-        torch.index_select(self.past_k[..., :n], 2, parents, out=new_k[..., :n])
-        torch.index_select(self.past_v[..., :n, :], 2, parents, out=new_v[..., :n, :])
-        if m:
-            torch.index_select(self.own_k[..., :m], 2, keep, out=new_k[..., n:n + m])
-            torch.index_select(self.own_v[..., :m, :], 2, keep, out=new_v[..., n:n + m, :])
-        self._set_past(new_k, new_v, n + m)
-        if self.own_k is not None:  # keep the children's buffers for the next expansion
-            self.spare_own, self.own_k, self.own_v = (self.own_k, self.own_v), None, None
+        n, m, X = self.n_past, self.n_own, self.children
+        if self.spare.shape[3:5] != (keep.numel(), self.past.shape[4]):  # the spare buffer does not fit
+            self.spare = self.past.new_empty(*self.past.shape[:3], keep.numel(), *self.past.shape[4:])
+        new, self.spare = self.spare, self.past
+        torch.index_select(self.past[..., :n, :], 3, keep // X, out=new[..., :n, :])
+        if m:  # own tokens (L, 2, H, E*W, m, X, D) -> one row per child (L, 2, H, E*W*X, m, D)
+            own = self.past[..., n:n + m * X, :].unflatten(4, (m, X)).transpose(4, 5).flatten(3, 4)
+            torch.index_select(own, 3, keep, out=new[..., n:n + m, :])
+        self._set_past(new, n + m)
         self.n_own, self.children = 0, 1
+
+
+def _norm_args(norm: torch.nn.LayerNorm) -> tuple:
+    """A LayerNorm's arguments, looked up once: `torch.layer_norm(x, *args)` skips the module attribute lookups
+    and the Python wrapper, a third of a layer norm's cost at 32 rows."""
+    return norm.normalized_shape, norm.weight, norm.bias, norm.eps
 
 
 class RecomputeDecoder:
     """The naive baseline: every new token runs the model over the whole sequence again."""
 
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, new_tokens: int):
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int):
         self.model = model
         self.sequence = prefix.repeat_interleave(beams_per_env, dim=0)  # (E*W, P)
         self.logits = model(self.sequence, last_only=True)[0][:, 0]
@@ -350,7 +348,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config) -> Plan:
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
 
     Decoder = CachedDecoder if config.use_cache else RecomputeDecoder
-    decoder = Decoder(model, prefix, W, tokens_fed(O, A, H))
+    decoder = Decoder(model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1))  # children's own: X slots each
     logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
     generated = prefix.new_zeros(E * W, 0)  # (rows, n) bins generated so far
     discounted_rewards = logits.new_zeros(E * W)  # sum_k gamma^k E[r_k] so far
