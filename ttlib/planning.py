@@ -387,7 +387,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config) -> Plan:
         score = discounted_rewards + config.value_weight * config.gamma ** (t + 1) * values[:, t]  # (E*R,)
 
         keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
-        decoder.select(keep)
+        if t < H - 1:  # after the last step's selection no token is fed: the cache need not follow
+            decoder.select(keep)
         generated, discounted_rewards = generated[keep], discounted_rewards[keep]
         rewards, values, score, value_bins = rewards[keep], values[keep], score[keep], value_bins[keep]
         append(value_bins)
