@@ -55,6 +55,15 @@ def test_bench_profile_splits_the_time_of_a_plan():
     assert out["aten_ops_per_plan"] > 100 and out["op_time_ms"] > 0
 
 
+def test_bench_rollouts_json_times_the_same_episodes_both_ways():
+    result = ttlib("bench", "rollouts", "--episodes", "3", "--max-steps", "3", "--repeats", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["same_returns"] is True and out["episodes"] == 3 and out["steps"] == 9 and out["repeats"] == 2
+    assert out["vectorized_s"] > 0 and out["sequential_s"] > 0
+    assert out["speedup"] == pytest.approx(out["sequential_s"] / out["vectorized_s"])
+
+
 def test_bench_decoding_json():
     result = ttlib("bench", "decoding", "--preset", "tiny", "--repeats", "1", "--json")
     assert result.returncode == 0, result.stderr

@@ -191,26 +191,30 @@ def profile_planning(preset: str = "halfcheetah", batch: int = 1, device: str = 
 
 
 def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | None = None,
-                   planner: PlannerConfig | None = None, repeats: int = 1) -> dict:
-    """The same episodes evaluated vectorized (one batch) and sequentially (one by one)."""
+                   planner: PlannerConfig | None = None, repeats: int = 3) -> dict:
+    """The same episodes evaluated vectorized (one batch) and sequentially (one by one): median seconds of
+    `repeats` runs each, after a two-step warm-up of both."""
     from .rollout import evaluate
     from .train import default_checkpoint, load_checkpoint
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device="cpu")
     info = payload["dataset"]
     planner = planner or PlannerConfig(beam_width=8, horizon=3, sample_expand=2, context=3)
     seeds = list(range(1000, 1000 + episodes))
 
-    def run(vectorized):
+    def run(vectorized, steps=max_steps):
         return evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
-                        vectorized=vectorized, max_steps=max_steps, progress=False)
+                        vectorized=vectorized, max_steps=steps, progress=False)
 
-    vec = min((run(True) for _ in range(repeats)), key=lambda r: r.seconds)
-    seq = min((run(False) for _ in range(repeats)), key=lambda r: r.seconds)
-    return {"benchmark": "rollouts", "episodes": episodes, "steps": vec.steps, "max_steps": max_steps,
-            "vectorized_s": vec.seconds, "sequential_s": seq.seconds, "speedup": seq.seconds / vec.seconds,
-            "same_returns": bool(np.array_equal(vec.returns, seq.returns)), "beam_width": planner.beam_width,
-            "horizon": planner.horizon, **environment()}
+    run(True, 2), run(False, 2)  # warm-up
+    vec, seq = [run(True) for _ in range(repeats)], [run(False) for _ in range(repeats)]
+    vec_s, seq_s = float(np.median([r.seconds for r in vec])), float(np.median([r.seconds for r in seq]))
+    same = all(np.array_equal(v.returns, s.returns) for v in vec for s in seq)
+    return {"benchmark": "rollouts", "episodes": episodes, "steps": vec[0].steps, "max_steps": max_steps,
+            "repeats": repeats, "vectorized_s": vec_s, "sequential_s": seq_s, "speedup": seq_s / vec_s,
+            "same_returns": same, "beam_width": planner.beam_width, "horizon": planner.horizon, **environment()}
 
 
 def bench_training(preset: str = "lunarlander", batch_size: int = 64, steps: int = 20,

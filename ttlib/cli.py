@@ -190,18 +190,24 @@ def _cmd_evaluate(args):
         print(f"video of the first episode: {args.video}")
 
 
+def _default_if_none(value, default):
+    return default if value is None else value
+
+
 def _cmd_bench(args):
     from . import bench
 
     if args.which == "decoding":
-        out = bench.bench_decoding(args.preset, batch=args.batch, repeats=args.repeats, device=args.device)
+        out = bench.bench_decoding(args.preset, batch=args.batch, repeats=_default_if_none(args.repeats, 5),
+                                   device=args.device)
     elif args.which == "planning":
-        out = bench.bench_planning(args.preset, batch=args.batch, repeats=args.repeats,
+        out = bench.bench_planning(args.preset, batch=args.batch, repeats=_default_if_none(args.repeats, 5),
                                    uncached_repeats=args.uncached_repeats, device=args.device, dtype=args.dtype)
     elif args.which == "profile":
         out = bench.profile_planning(args.preset, batch=args.batch, device=args.device)
     elif args.which == "rollouts":
-        out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps)
+        out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps,
+                                   repeats=_default_if_none(args.repeats, 3))
     elif args.which == "distributed":
         out = bench.bench_distributed(workers=tuple(args.workers), episodes=args.episodes, max_steps=args.max_steps)
     else:
@@ -295,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training", "distributed"])
     p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
     p.add_argument("--batch", type=int, default=1, help="environments planned at once")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=None, help="timed runs, median reported (default: 5; "
+                   "rollouts: 3)")
     p.add_argument("--uncached-repeats", type=int, default=1)
     p.add_argument("--episodes", type=int, default=25)
     p.add_argument("--max-steps", type=int, default=50)
