@@ -108,7 +108,7 @@ def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int) -> int:
 
 
 # ---- benchmarks ---------------------------------------------------------------------------------------------
-def bench_decoding(preset: str = "halfcheetah", length: int | None = None, batch: int = 1, repeats: int = 3,
+def bench_decoding(preset: str = "halfcheetah", length: int | None = None, batch: int = 1, repeats: int = 5,
                    device: str = "cpu") -> dict:
     """Generate `length` tokens one by one: with the KV cache vs running the whole prefix again each time."""
     p = PRESETS[preset]
@@ -208,7 +208,8 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
         return evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
                         vectorized=vectorized, max_steps=steps, progress=False)
 
-    run(True, 2), run(False, 2)  # warm-up
+    for vectorized in (True, False):  # warm-up
+        run(vectorized, steps=2)
     vec, seq = [run(True) for _ in range(repeats)], [run(False) for _ in range(repeats)]
     vec_s, seq_s = float(np.median([r.seconds for r in vec])), float(np.median([r.seconds for r in seq]))
     same = all(np.array_equal(v.returns, s.returns) for v in vec for s in seq)

@@ -190,24 +190,19 @@ def _cmd_evaluate(args):
         print(f"video of the first episode: {args.video}")
 
 
-def _default_if_none(value, default):
-    return default if value is None else value
-
-
 def _cmd_bench(args):
     from . import bench
 
+    repeats = {} if args.repeats is None else {"repeats": args.repeats}  # else each benchmark's own default
     if args.which == "decoding":
-        out = bench.bench_decoding(args.preset, batch=args.batch, repeats=_default_if_none(args.repeats, 5),
-                                   device=args.device)
+        out = bench.bench_decoding(args.preset, batch=args.batch, device=args.device, **repeats)
     elif args.which == "planning":
-        out = bench.bench_planning(args.preset, batch=args.batch, repeats=_default_if_none(args.repeats, 5),
-                                   uncached_repeats=args.uncached_repeats, device=args.device, dtype=args.dtype)
+        out = bench.bench_planning(args.preset, batch=args.batch, uncached_repeats=args.uncached_repeats,
+                                   device=args.device, dtype=args.dtype, **repeats)
     elif args.which == "profile":
         out = bench.profile_planning(args.preset, batch=args.batch, device=args.device)
     elif args.which == "rollouts":
-        out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps,
-                                   repeats=_default_if_none(args.repeats, 3))
+        out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps, **repeats)
     elif args.which == "distributed":
         out = bench.bench_distributed(workers=tuple(args.workers), episodes=args.episodes, max_steps=args.max_steps)
     else:
