@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from ttlib import planning
 from ttlib.bench import PRESETS, plan_flops, random_model
 from ttlib.planning import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
 
@@ -58,6 +59,26 @@ def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
                 for _ in range(arg):
                     bins = torch.randint(0, model.config.n_bins, (rows,), generator=g)
                     torch.testing.assert_close(cached.feed(bins), recomputed.feed(bins))
+
+
+def test_buffers_kept_from_the_last_plan_leave_no_trace():
+    """The cache's buffers are kept from one plan to the next. Whatever the last plan left in them must not change
+    the next plan: here every key, and every value past the first slots (which stay finite, being read as
+    padding weighted 0), is nan."""
+    model, tok = random_model(PRESETS["lunarlander"])
+    prefix, keys = prefix_for(model, 2, 2), torch.tensor([5, 6])
+    config = PlannerConfig(beam_width=4, horizon=3, sample_expand=2, context=2)
+    first = beam_plan(model, tok, prefix, keys, config)
+    kept = planning._buffers.free[:2]
+    padding = planning._min_read(1, model.config.n_embd // model.config.n_head)
+    with torch.inference_mode():  # (where plans make them)
+        for buffer in kept:
+            assert buffer.shape[4] > padding  # there are values slots past the padding to spoil
+            buffer[:, 0] = float("nan")
+            buffer[:, 1, ..., padding:, :] = float("nan")
+    again = beam_plan(model, tok, prefix, keys, config)
+    assert {id(b) for b in planning._buffers.free[:2]} == {id(b) for b in kept}  # the spoiled buffers were used
+    assert torch.equal(first.bins, again.bins) and torch.equal(first.score, again.score)
 
 
 def test_plan_shapes_and_decoding():
