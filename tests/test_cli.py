@@ -44,7 +44,7 @@ def test_bench_planning_json_has_the_promised_keys():
     for key in ("ms_per_plan_cached", "ms_per_plan_uncached", "gflop_per_plan", "gflops_achieved", "batch",
                 "beam_width", "horizon", "context", "sample_expand", "device", "torch_threads"):
         assert key in out
-    assert out["same_plan"] is True and out["ms_per_plan_cached"] > 0 and out["device"] == "cpu"
+    assert 0 <= out["max_logit_gap"] < 1e-3 and out["ms_per_plan_cached"] > 0 and out["device"] == "cpu"
 
 
 def test_bench_profile_splits_the_time_of_a_plan():

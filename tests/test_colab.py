@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -34,13 +35,82 @@ def test_badge_opens_the_notebook_itself_and_setup_names_the_same_repository(pat
     assert f'os.environ.get("TTLIB_REPO", "{repo}")' in cells[1].source
 
 
-def test_readme_has_a_badge_for_every_notebook_00_to_08():
+def test_readme_badges_open_the_student_versions_and_link_the_solutions():
     readme = (ROOT / "README.md").read_text()
     table = readme.split(colab.TABLE_START)[1].split(colab.TABLE_END)[0]
-    numbers = re.findall(r"^\| (\d\d) \|.*colab-badge\.svg.*/notebooks/(\d\d)_[\w.-]+\.ipynb\) \|$", table, re.M)
-    assert [a for a, b in numbers if a == b] == [f"{i:02d}" for i in range(9)]
+    rows = re.findall(r"^\| (\d\d) \|.*colab-badge\.svg\)\]\([^)]*/notebooks/student/(\d\d)_[\w.-]+\.ipynb\) \| "
+                      r"\[solution\]\([^)]*/notebooks/(\d\d)_[\w.-]+\.ipynb\) \|$", table, re.M)
+    assert [a for a, b, c in rows if a == b == c] == [f"{i:02d}" for i in range(9)]
     for path in NOTEBOOKS:
-        assert f"/notebooks/{path.name})" in table, f"{path.name} has no badge in the README"
+        assert f"/notebooks/student/{path.name})" in table, f"{path.name}: no badge for its student version"
+        assert (ROOT / "notebooks" / "student" / path.name).is_file(), f"{path.name} has no student version"
+
+
+def test_the_ray_notebook_installs_ray_on_colab():
+    """Colab has torch and numpy preinstalled, not Ray: the set-up cell of a notebook that uses Ray installs the
+    ray extra, and only there."""
+    for path in NOTEBOOKS:
+        cells = nbformat.read(path, as_version=4).cells
+        uses_ray = "RayEvaluator" in "".join(c.source for c in cells[2:] if c.cell_type == "code")
+        assert ('checkout + "[ray]"' in cells[1].source) == uses_ray, path.name
+
+
+def test_the_colab_path_for_real(tmp_path):
+    """What Colab does, here: a notebook run from a folder outside the repository, in a fresh virtual environment
+    without ttlib, on a machine where `google.colab` is importable. Its set-up cell clones the course (git's URL
+    rewrite points github.com at a copy of this working tree), installs it *non-editably* and points TTLIB_ASSETS at
+    the clone; the notebook then loads the shipped checkpoint and runs to the end. The fresh venv borrows this
+    environment's other packages through a .pth file, so only ttlib is installed (PIP_NO_DEPS)."""
+    repo = colab.repository(ROOT)
+    source = tmp_path / "github" / repo  # a git repository holding this working tree, as GitHub would serve it
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(source)]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "course"]):
+        subprocess.run(git + step, check=True, capture_output=True)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    fake = tmp_path / "fake" / "google" / "colab"  # `"google.colab" in sys.modules` is how the cell knows
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+
+    name = "06_vectorized_rollouts.ipynb"
+    work = tmp_path / "content"
+    work.mkdir()
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    nb.cells[1].source = "import google.colab\n" + nb.cells[1].source
+    nb.cells.append(nbformat.v4.new_code_cell("import ttlib, os\nprint('ttlib from', ttlib.__file__)\n"
+                                              "print('assets', os.environ['TTLIB_ASSETS'])"))
+    nbformat.write(nb, work / name)
+    runner = ("import sys, nbformat, nbclient\n"
+              "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+              "nbclient.NotebookClient(nb, timeout=600, kernel_name='python3',\n"
+              "                        resources={'metadata': {'path': sys.argv[2]}}).execute()\n"
+              "nbformat.write(nb, sys.argv[1])\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "TTLIB_REPO": repo, "PIP_NO_DEPS": "1",
+           "TTLIB_CHECKOUT": str(tmp_path / "checkout"), "TTLIB_FAST": "1", "GIT_CONFIG_COUNT": "1",
+           "GIT_CONFIG_KEY_0": f"url.{tmp_path / 'github'}/.insteadOf", "GIT_CONFIG_VALUE_0": "https://github.com/"}
+    env.pop("TTLIB_ASSETS", None)
+    env.pop("VIRTUAL_ENV", None)
+    result = subprocess.run([str(python), "-c", runner, str(work / name), str(work)], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ran = nbformat.read(work / name, as_version=4)
+    printed = lambda cell: "".join(o.get("text", "") for o in cell.outputs)  # noqa: E731
+    assert "installed ttlib from https://github.com/" in printed(ran.cells[1]), printed(ran.cells[1])
+    last = printed(ran.cells[-1])
+    assert f"ttlib from {site}" in last, last  # the installed copy, not the repository's
+    assert f"assets {tmp_path / 'checkout' / 'assets'}" in last, last
 
 
 def test_no_cell_needs_a_display():

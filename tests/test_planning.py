@@ -19,10 +19,11 @@ def prefix_for(model, n_envs, transitions, seed=0):
     return torch.randint(0, c.n_bins, (n_envs, (transitions - 1) * c.transition_dim + c.obs_dim), generator=g)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("seed", range(3))
-def test_cached_plan_equals_uncached_plan(dtype, seed):
-    model, tok = tiny(dtype, seed)
+def test_cached_plan_equals_uncached_plan_in_float64(seed):
+    """In float64 rounding is ~1e-16, far below any near-tie a search meets: the two decoders make the same plan.
+    (In float32 a near-tie can go either way on another torch, CPU or GPU: there the claim is the next test's.)"""
+    model, tok = tiny(torch.float64, seed)
     prefix = prefix_for(model, 3, 3, seed)
     keys = torch.tensor([11, 22, 33]) + seed
     config = PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)
@@ -30,7 +31,25 @@ def test_cached_plan_equals_uncached_plan(dtype, seed):
     config.use_cache = False
     uncached = beam_plan(model, tok, prefix, keys, config)
     assert torch.equal(cached.bins, uncached.bins)
-    torch.testing.assert_close(cached.score, uncached.score, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cached.score, uncached.score, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_both_decoders_compute_the_same_logits_along_a_float32_plan(seed):
+    """What "the cache changes nothing" means in float32: fed the same tokens (the cached plan's), the cached and the
+    recomputing decoder give the same logits, to rounding."""
+    model, tok = tiny(torch.float32, seed)
+    prefix = prefix_for(model, 3, 3, seed)
+    plan = beam_plan(model, tok, prefix, torch.tensor([11, 22, 33]) + seed,
+                     PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5))
+    cached = planning.logits_along(model, prefix, plan.bins, use_cache=True)
+    recomputed = planning.logits_along(model, prefix, plan.bins, use_cache=False)
+    assert cached.shape == (3, plan.bins.shape[1], model.config.n_bins)
+    torch.testing.assert_close(cached, recomputed, atol=1e-4, rtol=1e-4)
+    # and the check can fail: one token changed early in the plan changes the logits after it
+    other = plan.bins.clone()
+    other[:, 0] = (other[:, 0] + 1) % model.config.n_bins
+    assert (planning.logits_along(model, prefix, other)[:, 1:] - cached[:, 1:]).abs().max() > 1e-3
 
 
 def test_decoders_agree_through_any_sequence_of_expansions_and_selections():

@@ -32,13 +32,17 @@ NOTEBOOKS = {
     "08_decision_transformer.ipynb": "Decision Transformer",
 }
 
+# what a notebook's set-up cell installs beyond ttlib itself (Colab has torch, numpy and matplotlib, not Ray)
+EXTRAS = {"07_scaling_out_with_ray.ipynb": "[ray]"}
+
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\(https://colab\.research\.google\.com/github/[^)]*\)")
 TABLE_START, TABLE_END = "<!-- colab-badges: start -->", "<!-- colab-badges: end -->"
 
-# The set-up cell, the same in every notebook. It cannot import ttlib (that is what it installs), so the repository
-# is written into it. The course is cloned rather than pip-installed from git so that the shipped checkpoint in
-# assets/ comes too (TTLIB_ASSETS points ttlib at it).
+# The set-up cell, the same in every notebook but for the extras it installs. It cannot import ttlib (that is what
+# it installs), so the repository is written into it. The course is cloned rather than pip-installed from git so that
+# the shipped checkpoints in assets/ come too (TTLIB_ASSETS points ttlib at them). TTLIB_CHECKOUT moves the clone
+# (tests/test_colab.py runs this cell for real, outside Colab).
 SETUP_CELL = '''\
 # Colab only: fetch the course from its repository and install ttlib, the course library. Locally ttlib is
 # already installed (`pip install -e .` in the repository), and this cell does nothing.
@@ -52,9 +56,9 @@ if "google.colab" in sys.modules and not REPO:
     print('Set REPO above to the GitHub owner/name of the course repository, e.g. REPO = "your-name/tt-course",\\n'
           "and run this cell again.")
 elif "google.colab" in sys.modules:
-    checkout = "/content/" + REPO.split("/")[-1]
+    checkout = os.environ.get("TTLIB_CHECKOUT", "/content/" + REPO.split("/")[-1])
     clone = ["git", "clone", "-q", "--depth", "1", f"https://github.com/{{REPO}}", checkout]
-    install = [sys.executable, "-m", "pip", "install", "-q", checkout]
+    install = [sys.executable, "-m", "pip", "install", "-q", checkout + "{extras}"]
     for step in ([] if os.path.isdir(checkout) else [clone]) + [install]:
         result = subprocess.run(step, capture_output=True, text=True, env={{**os.environ, "GIT_TERMINAL_PROMPT": "0"}})
         if result.returncode != 0:
@@ -77,21 +81,25 @@ def repository(root: Path = ROOT) -> str:
     return match.group(1)
 
 
-def colab_url(repo: str, name: str) -> str:
-    return f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{name}"
+def colab_url(repo: str, path: str) -> str:
+    """Colab's address of notebooks/<path> in the repository's main branch."""
+    return f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{path}"
 
 
-def badge(repo: str, name: str) -> str:
-    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repo, name)})"
+def badge(repo: str, path: str) -> str:
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repo, path)})"
 
 
-def setup_cell(repo: str) -> str:
-    return SETUP_CELL.format(repo=repo)
+def setup_cell(repo: str, name: str = "") -> str:
+    return SETUP_CELL.format(repo=repo, extras=EXTRAS.get(name, ""))
 
 
 def badge_table(repo: str) -> str:
-    rows = [f"| {name[:2]} | {title} | {badge(repo, name)} |" for name, title in NOTEBOOKS.items()]
-    return "\n".join(["| # | notebook | open it on Colab |", "|---|---|---|", *rows])
+    """The README's table: learners open the student version (exercises left to do); the solution is one link away."""
+    rows = [f"| {name[:2]} | {title} | {badge(repo, 'student/' + name)} | [solution]({colab_url(repo, name)}) |"
+            for name, title in NOTEBOOKS.items()]
+    header = ["| # | notebook | open it on Colab (student version) | instructors |", "|---|---|---|---|"]
+    return "\n".join([*header, *rows])
 
 
 def synced_notebook(text: str, name: str, repo: str) -> str:
@@ -106,7 +114,7 @@ def synced_notebook(text: str, name: str, repo: str) -> str:
     setups = [c for c in nb.cells if c.cell_type == "code" and "setup" in c.metadata.get("tags", [])]
     if len(setups) != 1:
         raise ValueError(f"{name}: needs exactly one code cell tagged 'setup' (found {len(setups)})")
-    setups[0].source = setup_cell(repo)
+    setups[0].source = setup_cell(repo, name)
     return nbformat.writes(nb) + "\n"
 
 

@@ -356,6 +356,25 @@ class RecomputeDecoder:
         self.sequence = None
 
 
+def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True
+                 ) -> torch.Tensor:
+    """What one decoder computes along given tokens: prefix (E, P), bins (E, n) fed after it -> (E, n, N), the
+    logits it gave for each of the n tokens. Fed a plan's own tokens, the cached and the recomputing decoder must
+    agree to rounding: "the cache changes nothing" without a search's near-ties in the way."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            Decoder = CachedDecoder if use_cache else RecomputeDecoder
+            decoder = Decoder(model, prefix, 1, bins.shape[1])
+            logits = [decoder.logits]  # (E, N) for the first token
+            logits += [decoder.feed(bins[:, j]) for j in range(bins.shape[1] - 1)]
+            decoder.release()
+        return torch.stack(logits, dim=1)
+    finally:
+        model.train(was_training)
+
+
 def best_children(score: torch.Tensor, n_envs: int, beam_width: int) -> torch.Tensor:
     """score (E*R,), R children per environment in a row -> (E*W,) rows of the best W children of each environment,
     best first, as indices into score. A stable sort: equal scores keep their order, on every device."""
