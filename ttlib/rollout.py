@@ -54,11 +54,13 @@ def make_env(env_id: str | None, env_kwargs: dict | None = None, render_mode: st
         raise ValueError("no environment to evaluate in: the dataset names none; pass a gymnasium id "
                          "(`ttlib evaluate --env ENV_ID`)")
     try:
-        gym.spec(env_id)
-    except gym.error.Error as error:  # NameNotFound, NamespaceNotFound, VersionNotFound, ...
+        return gym.make(env_id, render_mode=render_mode, **(env_kwargs or {}))
+    except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, ModuleNotFoundError) as error:
         raise ValueError(f"environment {env_id!r} is not registered in gymnasium ({error}); install the package "
                          "that provides it, or pass another with `ttlib evaluate --env ENV_ID`") from None
-    return gym.make(env_id, render_mode=render_mode, **(env_kwargs or {}))
+    except gym.error.DependencyNotInstalled as error:  # e.g. MuJoCo or Box2D missing
+        raise ValueError(f"environment {env_id!r} needs a package that is not installed: "
+                         f"{str(error).splitlines()[0]}") from None
 
 
 def check_episodes(seeds, n_envs: int | None, max_steps: int | None) -> None:
