@@ -87,7 +87,8 @@ class OfflineDataset:
 
     dataset_id: str  # Minari id it was loaded from, e.g. "ttlib/lunarlander/mixed-v0"
     env_id: str | None  # gymnasium id to evaluate in (Minari's eval env spec, else env spec); None if unknown
-    env_kwargs: dict  # kwargs for gymnasium.make(env_id, **env_kwargs), e.g. {"continuous": True}; may be {}
+    env_kwargs: dict  # kwargs for gymnasium.make(env_id, **env_kwargs), e.g. {"continuous": True}; may be {};
+    #                   max_episode_steps is among them when the data's time limit is not the registered one
     gamma: float  # discount used for `values`
     observations: list[np.ndarray]  # (T_i, obs_dim) float32; Minari's extra final observation is dropped
     actions: list[np.ndarray]  # (T_i, act_dim) float32
