@@ -4,7 +4,7 @@
     ttlib datasets                                  list the Minari datasets on this machine
     ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
     ttlib train --model dt --out runs/dt.pt [--export assets/dt_lunarlander.pt]
-    ttlib evaluate [--checkpoint PATH] --episodes 10 [--workers K [--central] [--address HOST:PORT]]
+    ttlib evaluate [--checkpoint PATH] --episodes 10 [--env ENV_ID] [--workers K [--central] [--address HOST:PORT]]
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
@@ -33,6 +33,8 @@ def _cmd_datasets(args):
         print(f"no local datasets yet; `ttlib make-dataset` builds {ttdata.DEFAULT_DATASET}")
     for r in rows:
         print(f"{r['id']:40s} {r['episodes']:6d} episodes {r['steps']:8d} steps  {r['env_id']}  {r['path']}")
+    for r in ttdata.list_broken():
+        print(f"{r['id']:40s} BROKEN: {r['error']}")
     built = {r["id"] for r in rows}
     for dataset_id in ttdata.buildable():
         if dataset_id not in built:
@@ -47,7 +49,7 @@ def _cmd_train(args):
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
         raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
-    config = TrainConfig(**overrides)
+    config = TrainConfig(**{**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
     result = train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
     print(f"trained {config.steps} steps: train loss {last['train_loss']:.3f}, validation loss "
@@ -55,6 +57,17 @@ def _cmd_train(args):
     if args.export:
         export_checkpoint(args.out, args.export)
         print(f"slim copy for shipping: {args.export}")
+
+
+def _resumed_config(args, config_class, kind: str) -> dict:
+    """--resume continues the checkpoint's run: its own settings are the defaults (a flag that differs from them
+    is refused by the training's check_resume, naming it), so no flag has to be repeated."""
+    if args.resume is None:
+        return {}
+    from .train import read_checkpoint
+
+    saved = read_checkpoint(args.resume, kind=kind).get("train_config") or {}
+    return {f.name: saved[f.name] for f in fields(config_class) if f.name in saved}
 
 
 def _cmd_train_dt(args):
@@ -67,7 +80,7 @@ def _cmd_train_dt(args):
         options = ", ".join(sorted("--" + n.replace("_", "-") for n in given - names))
         raise ValueError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
     overrides = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    config = dt.DTTrainConfig(**overrides)
+    config = dt.DTTrainConfig(**{**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
     result = dt.train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
     print(f"trained a Decision Transformer {config.steps} steps in {result.seconds:.0f} s: train loss "
@@ -84,9 +97,10 @@ def _cmd_evaluate_dt(args):
         args.checkpoint = dt.default_checkpoint(dt.COURSE_CHECKPOINT)
     model, payload = dt.load_checkpoint(args.checkpoint, device=args.device)
     info = payload["dataset"]
+    env_id, env_kwargs = _env_for(args, info)
     target = args.target_return if args.target_return is not None else dt.default_target(info)
     seeds = list(range(args.seed, args.seed + args.episodes))
-    result = dt.evaluate(model, info["env_id"], seeds, target, env_kwargs=info["env_kwargs"],
+    result = dt.evaluate(model, env_id, seeds, target, env_kwargs=env_kwargs,
                          vectorized=not args.sequential, n_envs=args.n_envs, max_steps=args.max_steps,
                          record=args.video is not None)
     report = {"model": "dt", "episodes": len(seeds), "target_return": target,
@@ -115,6 +129,27 @@ def _is_dt(args) -> bool:
         "decision-transformer"
 
 
+def _env_for(args, info: dict) -> tuple[str, dict]:
+    """The environment to evaluate in: the one the dataset names (its kwargs and time limit included), or --env.
+    A checkpoint that knows its dataset's action bounds is refused in an environment with other bounds."""
+    import gymnasium as gym
+
+    from .rollout import check_action_space, make_env
+
+    env_id = args.env or info.get("env_id")
+    env_kwargs = dict(info.get("env_kwargs") or {}) if env_id == info.get("env_id") else {}
+    if env_id is None:
+        raise ValueError(f"dataset {info.get('id')} names no environment to evaluate in; pass a gymnasium id "
+                         "with --env ENV_ID")
+    env = make_env(env_id, env_kwargs)
+    try:
+        if info.get("action_low") is not None and isinstance(env.action_space, gym.spaces.Box):
+            check_action_space(env.action_space, info["action_low"], info["action_high"], "this checkpoint")
+    finally:
+        env.close()
+    return env_id, env_kwargs
+
+
 def _planner_from(args):
     from .planning import PlannerConfig
 
@@ -141,9 +176,10 @@ def _check_distributed_args(args):
 
 
 def _cmd_evaluate(args):
-    from .rollout import evaluate, save_video
+    from .rollout import check_episodes, evaluate, save_video
     from .train import default_checkpoint, load_checkpoint
 
+    check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
     if _is_dt(args):
         if args.workers is not None:
             raise ValueError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
@@ -154,16 +190,17 @@ def _cmd_evaluate(args):
     _check_distributed_args(args)
     model, tokenizer, payload = load_checkpoint(args.checkpoint or default_checkpoint(), device=args.device)
     info = payload["dataset"]
+    env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))
     if args.workers is not None:
         from .distributed import evaluate_distributed
 
-        result = evaluate_distributed(model, tokenizer, info["env_id"], seeds, _planner_from(args),
-                                      workers=args.workers, central=args.central, env_kwargs=info["env_kwargs"],
+        result = evaluate_distributed(model, tokenizer, env_id, seeds, _planner_from(args),
+                                      workers=args.workers, central=args.central, env_kwargs=env_kwargs,
                                       max_steps=args.max_steps, address=args.address, progress=not args.json)
     else:
-        result = evaluate(model, tokenizer, info["env_id"], seeds, _planner_from(args),
-                          env_kwargs=info["env_kwargs"], vectorized=not args.sequential, n_envs=args.n_envs,
+        result = evaluate(model, tokenizer, env_id, seeds, _planner_from(args),
+                          env_kwargs=env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
                           max_steps=args.max_steps, record=args.video is not None)
     report = {"episodes": len(seeds), "mean_return": float(result.returns.mean()),
               "std_return": float(result.returns.std()), "returns": result.returns.tolist(),
@@ -276,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (then +1, +2, ...)")
     p.add_argument("--sequential", action="store_true", help="one episode at a time instead of vectorized")
+    p.add_argument("--env", default=None, help="gymnasium id to evaluate in (default: the dataset's own "
+                   "environment, with its kwargs and time limit)")
     p.add_argument("--n-envs", type=int, default=None, help="environments per batch (default: all)")
     p.add_argument("--max-steps", type=int, default=None, help="cut episodes after this many steps")
     p.add_argument("--workers", type=int, default=None, help="spread the episodes over K Ray workers (needs ray)")
@@ -346,7 +385,25 @@ def main(argv=None) -> int:
     except (ttdata.DatasetError, CheckpointError, ValueError, DistributedError) as e:
         print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"ttlib {args.command}: interrupted{_where_to_resume(args)}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
     return 0
+
+
+def _where_to_resume(args) -> str:
+    """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
+    if args.command != "train":
+        return ""
+    from .train import CheckpointError, read_checkpoint
+
+    try:
+        step = read_checkpoint(args.out, kind=None)["step"]
+    except CheckpointError:
+        return f"; no checkpoint was written to {args.out} yet, so start again"
+    model = " --model dt" if args.model == "dt" else ""
+    return (f"; the last checkpoint is {args.out} (step {step}); go on with "
+            f"`ttlib train{model} --out {args.out} --resume {args.out}`")
 
 
 if __name__ == "__main__":

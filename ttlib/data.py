@@ -87,7 +87,8 @@ class OfflineDataset:
 
     dataset_id: str  # Minari id it was loaded from, e.g. "ttlib/lunarlander/mixed-v0"
     env_id: str | None  # gymnasium id to evaluate in (Minari's eval env spec, else env spec); None if unknown
-    env_kwargs: dict  # kwargs for gymnasium.make(env_id, **env_kwargs), e.g. {"continuous": True}; may be {}
+    env_kwargs: dict  # kwargs for gymnasium.make(env_id, **env_kwargs), e.g. {"continuous": True}; may be {};
+    #                   max_episode_steps is among them when the data's time limit is not the registered one
     gamma: float  # discount used for `values`
     observations: list[np.ndarray]  # (T_i, obs_dim) float32; Minari's extra final observation is dropped
     actions: list[np.ndarray]  # (T_i, act_dim) float32
@@ -98,6 +99,8 @@ class OfflineDataset:
     behaviour: list[str] | None  # per-episode policy label ("expert", "noisy", "random"); None if unknown
     ref_min_score: float | None  # mean return of a random policy (normalized score 0); None if unknown
     ref_max_score: float | None  # mean return of an expert policy (normalized score 1); None if unknown
+    action_low: list[float] | None = None  # the action space's lower bounds (Minari's action_space); None if unknown
+    action_high: list[float] | None = None  # its upper bounds
 
     @property
     def obs_dim(self) -> int:
@@ -474,21 +477,36 @@ def _complete(path: Path, metadata: dict) -> bool:
         return False
 
 
-def list_local() -> list[dict]:
-    """Every complete local Minari dataset: id, episodes, steps, env_id, path. Hidden and broken folders
-    (leftovers of a crashed build, half downloads) are skipped."""
+def _local_folders():
+    """(dataset_id, path) of every folder under Minari's root that holds a data/ folder, hidden ones skipped
+    (leftovers of a crashed build)."""
     root = _dataset_path("")
-    found = []
     for data_dir in sorted(root.rglob("data")):
         path = data_dir.parent
-        dataset_id = path.relative_to(root).as_posix()
-        if not data_dir.is_dir() or any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue
-        try:
-            metadata = _read_metadata(dataset_id, path)
-        except DatasetError:
-            continue
-        if metadata.get("dataset_id") != dataset_id or not _complete(path, metadata):
+        parts = path.relative_to(root).parts
+        if data_dir.is_dir() and not any(part.startswith(".") for part in parts):
+            yield "/".join(parts), path
+
+
+def _problem(dataset_id: str, path: Path) -> tuple[dict, str | None]:
+    """-> (metadata, None) for a complete dataset, or ({}, one-line error with the fix) for a broken one."""
+    try:
+        metadata = _read_metadata(dataset_id, path)
+    except DatasetError as error:
+        return {}, str(error)
+    if metadata.get("dataset_id") != dataset_id:
+        return {}, str(_corrupt(dataset_id, path, f"its metadata names {metadata.get('dataset_id')!r}"))
+    if not _complete(path, metadata):
+        return {}, str(_corrupt(dataset_id, path, "fewer episodes in its data file than its metadata says"))
+    return metadata, None
+
+
+def list_local() -> list[dict]:
+    """Every complete local Minari dataset: id, episodes, steps, env_id, path. Broken ones are in list_broken()."""
+    found = []
+    for dataset_id, path in _local_folders():
+        metadata, problem = _problem(dataset_id, path)
+        if problem is not None:
             continue
         env_spec = metadata.get("eval_env_spec") or metadata.get("env_spec")
         found.append(
@@ -501,6 +519,17 @@ def list_local() -> list[dict]:
             }
         )
     return found
+
+
+def list_broken() -> list[dict]:
+    """Every local dataset folder that cannot be loaded (half download, truncated file): id, path, and the
+    error `load` would raise, which says how to fix it."""
+    broken = []
+    for dataset_id, path in _local_folders():
+        _, problem = _problem(dataset_id, path)
+        if problem is not None:
+            broken.append({"id": dataset_id, "path": str(path), "error": problem})
+    return broken
 
 
 def _remote_host() -> tuple[str, int]:
@@ -522,8 +551,11 @@ def _download(dataset_id: str) -> None:
     Offline, Minari's hub client retries with back-off for half a minute before giving up, so first try one
     plain TCP connection with a short timeout and fail at once if the remote cannot be reached.
     """
+    # Offline we cannot tell a remote id from a mistyped local one, so say both: it is not here, and a download
+    # (if it is a remote id) needs internet.
     offline = DatasetError(
-        f"dataset {dataset_id} is not local and needs internet (a Minari download); "
+        f"dataset {dataset_id} is not on this machine (no folder {_dataset_path(dataset_id)}; `ttlib datasets` "
+        f"lists the local ones) and, if it is a remote Minari id, downloading it needs internet; "
         f"the offline course dataset is {DEFAULT_DATASET!r}"
     )
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no"):
@@ -578,10 +610,11 @@ def _read(dataset_id: str, path: Path, gamma: float) -> OfflineDataset:
 
     env_spec = metadata.get("eval_env_spec") or metadata.get("env_spec")
     env_spec = json.loads(env_spec) if env_spec else {}
+    action_space = spaces["action"]
     return OfflineDataset(
         dataset_id=dataset_id,
         env_id=env_spec.get("id"),
-        env_kwargs=dict(env_spec.get("kwargs") or {}),
+        env_kwargs=_env_kwargs(env_spec),
         gamma=gamma,
         observations=observations,
         actions=actions,
@@ -592,7 +625,25 @@ def _read(dataset_id: str, path: Path, gamma: float) -> OfflineDataset:
         behaviour=behaviour if len(behaviour) == len(episodes) else None,
         ref_min_score=metadata.get("ref_min_score"),
         ref_max_score=metadata.get("ref_max_score"),
+        action_low=action_space.low.astype(np.float64).tolist(),
+        action_high=action_space.high.astype(np.float64).tolist(),
     )
+
+
+def _env_kwargs(env_spec: dict) -> dict:
+    """gymnasium.make kwargs that rebuild the environment a dataset was collected in: the spec's kwargs, plus its
+    time limit where that is not the registered one (episodes cut at 200 steps must be compared with episodes
+    cut at 200 steps). A limit equal to the registered one is left out, so such datasets read as they always did.
+    """
+    kwargs = dict(env_spec.get("kwargs") or {})
+    limit = env_spec.get("max_episode_steps")
+    try:
+        registered = gym.spec(env_spec["id"]).max_episode_steps
+    except (KeyError, gym.error.Error):  # no id, or an environment not installed here: keep what the data say
+        registered = None
+    if limit is not None and limit != registered:
+        kwargs["max_episode_steps"] = limit
+    return kwargs
 
 
 def load(
@@ -608,9 +659,10 @@ def load(
     """
     _check_gamma(gamma)
     try:
-        parse_dataset_id(dataset_id)
-    except ValueError:
-        raise DatasetError(f"malformed dataset id {dataset_id!r}; expected namespace/name-vN") from None
+        parse_dataset_id(dataset_id)  # "nothing" (no version) raises TypeError inside Minari
+    except (ValueError, TypeError):
+        raise DatasetError(f"malformed dataset id {dataset_id!r}: expected namespace/name-vN, e.g. "
+                           f"{DEFAULT_DATASET!r}; `ttlib datasets` lists the local ones") from None
     path = _dataset_path(dataset_id)
     if dataset_id in _RECIPES:
         if not path.exists():

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from .model import GPTConfig, TrajectoryGPT
 from .planning import PlannerConfig, beam_plan, check_fits
-from .rollout import EpisodeBatch, EvalResult, check_env, make_env
+from .rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
 from .tokenizer import TrajectoryTokenizer
 
 MAX_RESTARTS = 3  # times Ray restarts a dead actor
@@ -515,5 +515,6 @@ def evaluate_distributed(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, e
                          env_kwargs: dict | None = None, max_steps: int | None = None, address: str | None = None,
                          progress: bool = True, **options) -> DistributedResult:
     """One evaluation on Ray: start the actors, play the episodes, stop them (and a local cluster we started)."""
+    check_episodes(list(seeds), None, max_steps)
     with RayEvaluator(model, tokenizer, env_id, workers, central, env_kwargs, address, **options) as evaluator:
         return evaluator.evaluate(seeds, planner, max_steps, progress)

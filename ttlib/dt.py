@@ -40,11 +40,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import data as ttdata
+from . import validate
 from .attention import KVCache
 from .model import Block, TrajectoryGPT
-from .rollout import EvalResult, check_env, make_env
+from .rollout import EvalResult, check_action_space, check_env, check_episodes, make_env
 from .train import (
     CheckpointError,
+    check_resume,
     dataset_summary,
     default_checkpoint,
     load_weights,
@@ -63,7 +65,7 @@ COURSE_CHECKPOINT = "dt_lunarlander.pt"  # the shipped Decision Transformer for 
 @dataclass
 class DTConfig:
     obs_dim: int  # observation dimensions
-    act_dim: int  # action dimensions (actions are assumed to lie in [-1, 1]: the head ends in tanh)
+    act_dim: int  # action dimensions
     context: int = 20  # K: the longest context, in (return, state, action) triples
     n_layer: int = 3  # transformer blocks
     n_head: int = 1  # attention heads per block
@@ -71,6 +73,8 @@ class DTConfig:
     max_timestep: int = 1000  # rows of the timestep embedding (longer episodes reuse the last row)
     dropout: float = 0.1  # dropout on embeddings and residual branches (training only)
     rtg_scale: float = 100.0  # returns-to-go are divided by this before they are embedded
+    action_low: list[float] | None = None  # the action space's bounds, which the tanh head is scaled to;
+    action_high: list[float] | None = None  # None: tanh's own [-1, 1] (no scaling at all)
 
     @property
     def block_size(self) -> int:
@@ -103,7 +107,12 @@ class DecisionTransformer(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])  # ttlib.model's blocks
         self.ln_f = nn.LayerNorm(C)
-        self.action_head = nn.Linear(C, config.act_dim)  # then tanh: actions in [-1, 1]
+        self.action_head = nn.Linear(C, config.act_dim)  # then tanh, scaled to [action_low, action_high]
+        # Not saved in the state dict: they come from the config, so checkpoints without them load as before.
+        low, high = self.action_range()
+        self.register_buffer("act_low", torch.tensor(low, dtype=torch.float32), persistent=False)
+        self.register_buffer("act_half_span", (torch.tensor(high) - torch.tensor(low)).float() / 2,
+                             persistent=False)
         self.register_buffer("obs_mean", torch.zeros(config.obs_dim))  # dataset statistics, saved with the model
         self.register_buffer("obs_std", torch.ones(config.obs_dim))
         T = config.block_size
@@ -117,6 +126,13 @@ class DecisionTransformer(nn.Module):
 
     def config_dict(self) -> dict:
         return asdict(self.config)
+
+    def action_range(self) -> tuple[list[float], list[float]]:
+        """(low, high) of the actions this model produces."""
+        c = self.config
+        if c.action_low is None or c.action_high is None:
+            return [-1.0] * c.act_dim, [1.0] * c.act_dim
+        return list(c.action_low), list(c.action_high)
 
     def set_obs_stats(self, mean, std) -> None:
         self.obs_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
@@ -149,7 +165,10 @@ class DecisionTransformer(nn.Module):
         return self.ln_f(x)
 
     def predict(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.action_head(h))  # (..., act_dim)
+        action = torch.tanh(self.action_head(h))  # (..., act_dim) in [-1, 1]
+        if self.config.action_low is None:
+            return action  # [-1, 1] is the action space: exactly tanh, as the shipped checkpoint was trained
+        return self.act_low + (action + 1) * self.act_half_span  # (..., act_dim) in [low, high]
 
     def forward(self, returns, states, actions, timesteps, mask=None):
         """Training and recompute: windows of T steps -> predicted actions (B, T, act), masked MSE loss.
@@ -218,10 +237,12 @@ class DTTrainConfig:
     seed: int = 0  # seeds the split, initial weights and batch order
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
 
-    def model_config(self, obs_dim: int, act_dim: int) -> DTConfig:
+    def model_config(self, obs_dim: int, act_dim: int, action_bounds=None) -> DTConfig:
+        """action_bounds: (low, high) lists the actions span, None for [-1, 1] (validate.action_bounds)."""
+        low, high = action_bounds if action_bounds is not None else (None, None)
         return DTConfig(obs_dim=obs_dim, act_dim=act_dim, context=self.context, n_layer=self.n_layer,
                         n_head=self.n_head, n_embd=self.n_embd, max_timestep=self.max_timestep,
-                        dropout=self.dropout, rtg_scale=self.rtg_scale)
+                        dropout=self.dropout, rtg_scale=self.rtg_scale, action_low=low, action_high=high)
 
 
 @dataclass
@@ -240,9 +261,10 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
     data = data if data is not None else ttdata.load(config.dataset, progress=progress)
+    validate.check_trainable(data)
     train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
     train_data = subset(data, train_eps)
-    model = DecisionTransformer(config.model_config(data.obs_dim, data.act_dim))
+    model = DecisionTransformer(config.model_config(data.obs_dim, data.act_dim, validate.action_bounds(data)))
     states = np.concatenate(train_data.observations)  # (N, obs) statistics of the training episodes only
     model.set_obs_stats(states.mean(0), states.std(0))
     model = model.to(device)
@@ -251,6 +273,7 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
     start, history = 0, []
     if resume is not None:
         payload = read_checkpoint(resume, kind=KIND)
+        check_resume(config, payload, resume)
         load_weights(model, payload["model"], source=resume)
         start, history = payload["step"], list(payload["history"])
         if "optimizer" in payload:
@@ -368,6 +391,7 @@ def evaluate(model: DecisionTransformer, env_id: str, seeds, target_return: floa
     acts for all running ones in one batched call; False plays the episodes one after another.
     """
     seeds = [int(s) for s in seeds]
+    check_episodes(seeds, n_envs, max_steps)
     t0 = time.perf_counter()
     wave = (n_envs or len(seeds)) if vectorized else 1
     returns, lengths, frames = [], [], []
@@ -387,6 +411,7 @@ def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_ca
     envs = gym.vector.SyncVectorEnv(env_fns)
     try:
         check_env(envs.single_observation_space, envs.single_action_space, model)
+        check_action_space(envs.single_action_space, *model.action_range(), "this Decision Transformer")
         low, high = envs.single_action_space.low, envs.single_action_space.high
         obs, _ = envs.reset(seed=seeds)
         agent = DTAgent(model, target_return, E, use_cache=use_cache, keep=keep)

@@ -48,8 +48,44 @@ class EvalResult:
                 f"{self.seconds:.1f} s")
 
 
-def make_env(env_id: str, env_kwargs: dict | None = None, render_mode: str | None = None) -> gym.Env:
-    return gym.make(env_id, render_mode=render_mode, **(env_kwargs or {}))
+def make_env(env_id: str | None, env_kwargs: dict | None = None, render_mode: str | None = None) -> gym.Env:
+    """gymnasium.make, with one clear line when there is no environment id or gymnasium does not know it."""
+    if env_id is None:
+        raise ValueError("no environment to evaluate in: the dataset names none; pass a gymnasium id "
+                         "(`ttlib evaluate --env ENV_ID`)")
+    try:
+        return gym.make(env_id, render_mode=render_mode, **(env_kwargs or {}))
+    except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, ModuleNotFoundError) as error:
+        raise ValueError(f"environment {env_id!r} is not registered in gymnasium ({error}); install the package "
+                         "that provides it, or pass another with `ttlib evaluate --env ENV_ID`") from None
+    except gym.error.DependencyNotInstalled as error:  # e.g. MuJoCo or Box2D missing
+        raise ValueError(f"environment {env_id!r} needs a package that is not installed: "
+                         f"{str(error).splitlines()[0]}") from None
+
+
+def check_episodes(seeds, n_envs: int | None, max_steps: int | None) -> None:
+    """An evaluation must play something: at least one episode, batches of at least one, at least one step."""
+    if len(seeds) < 1:
+        raise ValueError("nothing to evaluate: give at least one episode (--episodes >= 1)")
+    if n_envs is not None and n_envs < 1:
+        raise ValueError(f"n_envs (--n-envs) must be >= 1, got {n_envs}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps (--max-steps) must be >= 1, got {max_steps}")
+
+
+def check_action_space(space, low, high, who: str) -> None:
+    """Refuse to act in an environment whose action bounds are not the ones `who` learned to produce: its
+    actions would be clipped or mean something else there, and the returns would look fine and be wrong."""
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    if low.shape != space.low.shape or not (np.allclose(low, space.low) and np.allclose(high, space.high)):
+        raise ValueError(f"{who} acts in [{_bounds(low)}, {_bounds(high)}] (its dataset's action space) but this "
+                         f"environment's actions span [{_bounds(space.low)}, {_bounds(space.high)}]; evaluate "
+                         "in the dataset's environment, or train on data from this one")
+
+
+def _bounds(x) -> str:
+    x = np.asarray(x, np.float64).ravel()
+    return f"{x[0]:g}" if np.all(x == x[0]) else "(" + ", ".join(f"{v:g}" for v in x) + ")"
 
 
 def check_env(space_obs, space_act, model: TrajectoryGPT) -> None:
@@ -111,6 +147,7 @@ def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, 
     keeps the first episode's frames (rgb_array) and plans, for videos and plots.
     """
     seeds = [int(s) for s in seeds]
+    check_episodes(seeds, n_envs, max_steps)
     planner.validate()
     check_fits(model, planner.context, planner.horizon)
     t0 = time.perf_counter()

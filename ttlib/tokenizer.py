@@ -89,6 +89,10 @@ class TrajectoryTokenizer:
             raise ValueError(f"expected (N, {obs_dim + act_dim + 2}) transitions, got {transitions.shape}")
         if n_bins < 2:
             raise ValueError("n_bins must be at least 2")
+        finite = np.isfinite(transitions).all(axis=0)  # (transition_dim,) a NaN would make every edge NaN
+        if not finite.all():
+            raise ValueError(f"cannot fit bins: dimension {int(np.flatnonzero(~finite)[0])} of the transitions "
+                             "holds NaN or inf; drop or repair those transitions first")
         if strategy == "uniform":
             lo, hi = transitions.min(axis=0), transitions.max(axis=0)  # (transition_dim,)
             hi = np.where(hi > lo, hi, lo + 1e-6)  # a constant dimension still gets a (tiny) range

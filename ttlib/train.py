@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as ttdata
+from . import validate
 from .files import atomic_path
 from .model import GPTConfig, TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
@@ -30,6 +31,15 @@ COURSE_CHECKPOINT = "tt_lunarlander.pt"  # the shipped Trajectory GPT for the co
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupt, of another kind, or does not fit the model/environment."""
+
+
+class TrainingError(ValueError):
+    """Training that cannot go on: the loss became NaN or infinite."""
+
+
+# Settings a resumed run may change: how long it runs, where, and how often it checks itself. Every other one
+# shapes the model, the data or the schedule, so a resumed run must keep the checkpoint's.
+RESUMABLE = ("steps", "device", "eval_every", "eval_batches")
 
 
 @dataclass
@@ -127,7 +137,8 @@ def dataset_summary(data: ttdata.OfflineDataset) -> dict:
             "obs_dim": data.obs_dim, "act_dim": data.act_dim, "gamma": data.gamma,
             "n_episodes": data.n_episodes, "n_steps": data.n_steps,
             "mean_return": float(returns.mean()), "std_return": float(returns.std()),
-            "ref_min_score": data.ref_min_score, "ref_max_score": data.ref_max_score}
+            "ref_min_score": data.ref_min_score, "ref_max_score": data.ref_max_score,
+            "action_low": data.action_low, "action_high": data.action_high}
     if data.behaviour is not None:
         info["mean_return_by_behaviour"] = {
             b: float(returns[[x == b for x in data.behaviour]].mean()) for b in sorted(set(data.behaviour))}
@@ -194,7 +205,23 @@ def load_weights(model: torch.nn.Module, state: dict, source: str = "checkpoint"
         if unexpected:
             parts.append(f"unexpected {unexpected[:3]}")
         raise CheckpointError(f"{source} does not fit the model: " + ", ".join(parts))
+    broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:  # a model trained on NaN data, or one whose training diverged: it would only ever act NaN
+        raise CheckpointError(f"{source} holds non-finite weights (NaN or inf, e.g. in {broken[0]}): its training "
+                              "diverged or its data held NaN; train it again on finite data")
     model.load_state_dict(state)
+
+
+def check_resume(config, payload: dict, source: str) -> None:
+    """A resumed run must have the checkpoint's settings, except RESUMABLE ones; else CheckpointError naming
+    every setting that differs (as a command-line option) and both values."""
+    saved = payload.get("train_config") or {}
+    differ = [f"--{f.name.replace('_', '-')} {getattr(config, f.name)} (checkpoint: {saved[f.name]})"
+              for f in fields(config) if f.name in saved and f.name not in RESUMABLE
+              and getattr(config, f.name) != saved[f.name]]
+    if differ:
+        raise CheckpointError(f"cannot resume {source} with other settings: {', '.join(differ)}; leave them out "
+                              "to continue with the checkpoint's own, or start a new run without --resume")
 
 
 def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None = None):
@@ -236,6 +263,7 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
     data = data if data is not None else ttdata.load(config.dataset, gamma=config.gamma, progress=progress)
+    validate.check_trainable(data)
     train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
     train_data = subset(data, train_eps)
     tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.n_bins, config.strategy)
@@ -245,6 +273,7 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     start, history = 0, []
     if resume is not None:
         payload = read_checkpoint(resume)
+        check_resume(config, payload, resume)
         load_weights(model, payload["model"], source=resume)
         tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])
         start, history = payload["step"], list(payload["history"])
@@ -288,12 +317,16 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         _, loss = model(*next_batch())
+        value = loss.item()
+        if not math.isfinite(value):  # stop before the step: the last checkpoint stays a good one
+            raise TrainingError(f"the training loss became {value} at step {step}: training diverged; the "
+                                "last checkpoint is untouched; lower the learning rate (--lr) or check the data")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         tokens_seen += tokens_per_step
-        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
         last = step == config.steps - 1
         if step % config.eval_every == 0 or last:
             val = validation_loss(model, next_val_batch, config.eval_batches) if next_val_batch else None
