@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .fast_decoder import BufferPool
 from .model import GPTConfig, TrajectoryGPT
 from .planning import PlannerConfig, beam_plan, check_fits
 from .rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
@@ -191,6 +192,7 @@ class ModelActor:
         torch.set_num_threads(threads)
         self.model, self.tokenizer = unpack(fetch(weights), device)
         self.device = device
+        self.buffers = BufferPool()  # the planner's cache buffers, kept from one plan to the next
 
     def ping(self, payload=None) -> int:
         return os.getpid()
@@ -207,7 +209,7 @@ class LocalWorker(ModelActor):
                 if batch.step == kill_at_step:
                     os._exit(1)  # a test hook: die mid-episode, as a preempted machine would
                 _, prefix, keys = batch.observe()
-                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner)
+                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers)
                 batch.act(plan.actions[:, 0].numpy())
             return batch.returns, batch.lengths, batch.contexts.clipped
         finally:
@@ -255,7 +257,7 @@ class Planner(ModelActor):
         if kill:
             os._exit(1)  # a test hook
         prefix, keys, counts = merge_observations(observations)
-        plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner)
+        plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers)
         parts = split_actions(plan.actions[:, 0].numpy(), counts)
         return tuple(parts) if len(parts) > 1 else parts[0]
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .fast_decoder import BufferPool
 from .files import atomic_path
 from .model import TrajectoryGPT
 from .planning import Plan, PlannerConfig, beam_plan, check_fits
@@ -248,12 +249,13 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
         batch.reset()
         frames, plans = [], []
         device = model.pos_emb.device
+        buffers = BufferPool()  # the cache's buffers, kept from one plan to the next
         while batch.running.any():
             first = record and batch.running[0]
             if first:
                 frames.append(batch.render_first())
             _, prefix, keys = batch.observe()
-            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner)
+            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers)
             if first:
                 plans.append((batch.step, _row(plan, 0)))
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))
