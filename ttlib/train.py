@@ -241,12 +241,6 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
 
 # ---- the loop -----------------------------------------------------------------------------------------------
 @torch.no_grad()
-def estimate_loss(model, bins, mask, config, generator, device) -> float:
-    return validation_loss(model, lambda: get_batch(bins, mask, config.batch_size, generator, device),
-                           config.eval_batches)
-
-
-@torch.no_grad()
 def validation_loss(model, next_batch, n_batches: int) -> float:
     """Mean loss of `model(*next_batch())` over n_batches batches, in eval mode."""
     model.eval()
