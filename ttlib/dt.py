@@ -46,16 +46,14 @@ from .model import Block, TrajectoryGPT
 from .rollout import EvalResult, check_action_space, check_env, check_episodes, make_env
 from .train import (
     CheckpointError,
-    check_resume,
     dataset_summary,
     default_checkpoint,
+    fit,
+    load_and_split,
     load_weights,
     pick_device,
     read_checkpoint,
-    run_loop,
-    save_checkpoint,
-    split_episodes,
-    subset,
+    start_training,
 )
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
@@ -260,43 +258,22 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
     config = config or DTTrainConfig()
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
-    data = data if data is not None else ttdata.load(config.dataset, progress=progress)
-    validate.check_trainable(data)
-    train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
-    train_data = subset(data, train_eps)
+    data, train_data, val_data = load_and_split(config, data, 0.99, progress)  # (values unused: 0.99, load's default)
     model = DecisionTransformer(config.model_config(data.obs_dim, data.act_dim, validate.action_bounds(data)))
     states = np.concatenate(train_data.observations)  # (N, obs) statistics of the training episodes only
     model.set_obs_stats(states.mean(0), states.std(0))
     model = model.to(device)
-    optimizer = torch.optim.AdamW(model.optimizer_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(config.seed)
-    start, history = 0, []
-    if resume is not None:
-        payload = read_checkpoint(resume, kind=KIND)
-        check_resume(config, payload, resume)
-        load_weights(model, payload["model"], source=resume)
-        start, history = payload["step"], list(payload["history"])
-        if "optimizer" in payload:
-            optimizer.load_state_dict(payload["optimizer"])
-        if "generator" in payload:
-            generator.set_state(payload["generator"])
+    state, _ = start_training(model, config, resume, kind=KIND)
 
-    train_windows, val_windows = Windows(train_data, config.context), Windows(subset(data, val_eps), config.context)
+    train_windows, val_windows = Windows(train_data, config.context), Windows(val_data, config.context)
     val_generator = torch.Generator().manual_seed(config.seed + 1)
-    summary = dataset_summary(data)
-
-    def checkpoint(step):
-        if out is not None:
-            save_checkpoint(out, model, None, dataset=summary, train_config=asdict(config), step=step,
-                            history=history, optimizer=optimizer, generator=generator, kind=KIND)
-
     t0 = time.perf_counter()
-    tokens_per_second = run_loop(
-        model, optimizer, config, lambda: train_windows.sample(config.batch_size, generator, device),
+    tokens_per_second = fit(
+        model, None, config, state, dataset_summary(data),
+        lambda: train_windows.sample(config.batch_size, state.generator, device),
         (lambda: val_windows.sample(config.batch_size, val_generator, device)) if len(val_windows) else None,
-        history, start=start, checkpoint=checkpoint, tokens_per_step=config.batch_size * 3 * config.context,
-        progress=progress)
-    return DTTrainResult(model, history, tokens_per_second, time.perf_counter() - t0)
+        out=out, kind=KIND, tokens_per_step=config.batch_size * 3 * config.context, progress=progress)
+    return DTTrainResult(model, state.history, tokens_per_second, time.perf_counter() - t0)
 
 
 def load_checkpoint(path: str | None = None, device: str = "auto"):
