@@ -33,17 +33,15 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from . import data as ttdata
 from . import validate
 from .attention import KVCache
 from .model import Block, TrajectoryGPT
-from .rollout import EvalResult, check_action_space, check_env, check_episodes, make_env
+from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
 from .train import (
     CheckpointError,
     dataset_summary,
@@ -369,51 +367,36 @@ def evaluate(model: DecisionTransformer, env_id: str, seeds, target_return: floa
     """
     seeds = [int(s) for s in seeds]
     check_episodes(seeds, n_envs, max_steps)
-    t0 = time.perf_counter()
-    wave = (n_envs or len(seeds)) if vectorized else 1
-    returns, lengths, frames = [], [], []
-    bar = tqdm(total=len(seeds), desc="episodes", unit="ep", disable=not progress)
-    for start in range(0, len(seeds), wave):
-        group = seeds[start:start + wave]
-        r, n, f = _run_wave(model, env_id, env_kwargs, group, target_return, max_steps, use_cache, keep,
-                            record and start == 0, bar)
-        returns, lengths, frames = returns + r, lengths + n, frames + f
-    bar.close()
-    return EvalResult(seeds, np.array(returns), np.array(lengths), time.perf_counter() - t0, frames=frames)
+
+    def play(group, first, bar):
+        return _run_wave(model, env_id, env_kwargs, group, target_return, max_steps, use_cache, keep,
+                         record and first, bar)
+
+    return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
 
 
-def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_cache, keep, record, bar):
-    E = len(seeds)
-    env_fns = [lambda: make_env(env_id, env_kwargs, "rgb_array" if record else None) for _ in range(E)]
-    envs = gym.vector.SyncVectorEnv(env_fns)
+def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_cache, keep, record, bar) -> Episodes:
+    """Episodes for `seeds`, stepped together in one vector environment (rollout.EpisodeBatch, no planner)."""
+    batch = EpisodeBatch(env_id, seeds, None, 0, env_kwargs, max_steps, render=record)
     try:
-        check_env(envs.single_observation_space, envs.single_action_space, model)
-        check_action_space(envs.single_action_space, *model.action_range(), "this Decision Transformer")
-        low, high = envs.single_action_space.low, envs.single_action_space.high
-        obs, _ = envs.reset(seed=seeds)
-        agent = DTAgent(model, target_return, E, use_cache=use_cache, keep=keep)
-        returns, lengths = np.zeros(E), np.zeros(E, dtype=int)
-        active = np.arange(E)  # environments still running, in the agent's row order
+        space = batch.envs.single_action_space
+        check_env(batch.envs.single_observation_space, space, model)
+        check_action_space(space, *model.action_range(), "this Decision Transformer")
+        batch.reset()
+        agent = DTAgent(model, target_return, len(seeds), use_cache=use_cache, keep=keep)
         frames = []
-        while len(active):
-            if record and active[0] == 0:
-                frames.append(envs.envs[0].render())
-            actions = np.zeros((E, *envs.single_action_space.shape), dtype=np.float32)
-            actions[active] = np.clip(agent.act(obs[active]), low, high)
-            obs, reward, terminated, truncated, _ = envs.step(actions)
-            agent.observe(reward[active])
-            returns[active] += reward[active]
-            lengths[active] += 1
-            done = terminated[active] | truncated[active]
-            if max_steps is not None:
-                done |= lengths[active] >= max_steps
-            if done.any():
-                bar.update(int(done.sum()))
-                active = active[~done]
-                agent.keep_rows(np.flatnonzero(~done))
-        return list(returns), list(lengths), frames
+        while batch.running.any():
+            active = np.flatnonzero(batch.running)  # the agent's rows, in this order
+            if record and batch.running[0]:
+                frames.append(batch.render_first())
+            ended = batch.act(agent.act(batch.obs[active]))
+            agent.observe(batch.reward[active])
+            if len(ended):
+                bar.update(len(ended))
+                agent.keep_rows(np.flatnonzero(batch.running[active]))
+        return Episodes(list(batch.returns), list(batch.lengths), frames=frames)
     finally:
-        envs.close()
+        batch.close()
 
 
 def default_target(info: dict) -> float:
