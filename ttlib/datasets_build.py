@@ -192,7 +192,6 @@ def _reference_scores(recipe: _Recipe) -> tuple[float, float]:
     return scores[0], scores[1]
 
 
-
 def _temp_name(final: Path, kind: str) -> Path:
     # hidden (leading dot), so Minari and list_local never take it for a dataset; the pid says who owns it
     return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -239,8 +238,39 @@ def build(
             "(`ttlib make-dataset --force`) to rebuild it"
         )
 
-    # Collect the episodes. One generator drives everything (env reset seeds, noise, behaviour parameters), so
-    # the same seed gives bit-identical arrays.
+    # Written with Minari into a hidden folder next to the final one (same filesystem), then renamed into place.
+    buffers, env_spec = _collect(dataset_id, recipe, seed, n_episodes, progress)
+    ref_min_score, ref_max_score = _reference_scores(recipe)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temp_folders(final)
+    temp_root = _temp_name(final, "building")
+    try:
+        with minari_root(temp_root), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # Minari nags about author e-mail and code links
+            written = minari.create_dataset_from_buffers(
+                dataset_id=dataset_id,
+                buffer=buffers,
+                env=env_spec,
+                eval_env=env_spec,
+                algorithm_name=f"scripted behaviour policies: {', '.join(recipe.behaviours)}",
+                author="ttlib",
+                code_permalink="ttlib/datasets_build.py",
+                description=recipe.description,
+                ref_min_score=ref_min_score,
+                ref_max_score=ref_max_score,
+                num_episodes_average_score=recipe.reference_episodes,
+                data_format="hdf5",
+            )
+            written.storage.update_metadata({"ttlib_build": {"seed": seed, "n_episodes": n_episodes}})
+        _move_into_place(temp_root / dataset_id, final, force)
+    finally:
+        shutil.rmtree(temp_root, ignore_errors=True)
+    return str(final)
+
+
+def _collect(dataset_id: str, recipe: _Recipe, seed: int, n_episodes: int, progress: bool):
+    """Play the episodes -> (Minari episode buffers, the environment's spec). One generator drives everything
+    (env reset seeds, noise, behaviour parameters), so the same seed gives bit-identical arrays."""
     rng = np.random.default_rng(seed)
     env = _make_env(recipe)
     buffers = []
@@ -263,43 +293,21 @@ def build(
         )
     env_spec = env.spec
     env.close()
-    ref_min_score, ref_max_score = _reference_scores(recipe)
+    return buffers, env_spec
 
-    # Write with Minari into a hidden folder next to the final one (same filesystem), then rename into place.
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temp_folders(final)
-    temp_root = _temp_name(final, "building")
-    try:
-        with minari_root(temp_root), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # Minari nags about author e-mail and code links
-            written = minari.create_dataset_from_buffers(
-                dataset_id=dataset_id,
-                buffer=buffers,
-                env=env_spec,
-                eval_env=env_spec,
-                algorithm_name=f"scripted behaviour policies: {', '.join(recipe.behaviours)}",
-                author="ttlib",
-                code_permalink="ttlib/datasets_build.py",
-                description=recipe.description,
-                ref_min_score=ref_min_score,
-                ref_max_score=ref_max_score,
-                num_episodes_average_score=recipe.reference_episodes,
-                data_format="hdf5",
-            )
-            written.storage.update_metadata({"ttlib_build": {"seed": seed, "n_episodes": n_episodes}})
-        new = temp_root / dataset_id
-        if final.exists() and force:
-            old = _temp_name(final, "replaced")
-            os.replace(final, old)
+
+def _move_into_place(new: Path, final: Path, force: bool) -> None:
+    """Rename the finished dataset folder `new` to `final` (same filesystem, so atomic); with force, replacing
+    what is there."""
+    if final.exists() and force:
+        old = _temp_name(final, "replaced")
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        try:
             os.replace(new, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                os.replace(new, final)
-            except OSError:
-                if not final.exists():
-                    raise
-                # another process finished the same build first; same id and seed, so keep theirs
-    finally:
-        shutil.rmtree(temp_root, ignore_errors=True)
-    return str(final)
+        except OSError:
+            if not final.exists():
+                raise
+            # another process finished the same build first; same id and seed, so keep theirs
