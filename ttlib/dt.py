@@ -44,11 +44,13 @@ from .model import Block, TrajectoryGPT
 from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
 from .train import (
     CheckpointError,
+    RunConfig,
     dataset_summary,
     default_checkpoint,
     fit,
     load_and_split,
     load_weights,
+    model_config_from,
     pick_device,
     read_checkpoint,
     start_training,
@@ -211,8 +213,7 @@ class Windows:
 
 
 @dataclass
-class DTTrainConfig:
-    dataset: str = ttdata.DEFAULT_DATASET  # dataset id (see ttlib.data.load)
+class DTTrainConfig(RunConfig):
     context: int = 20  # K, in triples
     n_layer: int = 3  # transformer blocks
     n_head: int = 1  # attention heads
@@ -222,23 +223,14 @@ class DTTrainConfig:
     max_timestep: int = 1000  # timestep embedding rows (the environment's episode limit)
     batch_size: int = 32  # windows per step
     steps: int = 1000  # optimiser steps in total (a few minutes on a CPU)
-    lr: float = 6e-4  # peak learning rate
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 200  # linear warmup from 0 to lr
     weight_decay: float = 1e-4  # AdamW decay on weight matrices
     grad_clip: float = 0.25  # clip the gradient's global norm to this
-    val_fraction: float = 0.05  # share of episodes held out for validation
-    eval_every: int = 250  # steps between validation losses
-    eval_batches: int = 10  # batches per validation estimate
-    seed: int = 0  # seeds the split, initial weights and batch order
-    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
 
     def model_config(self, obs_dim: int, act_dim: int, action_bounds=None) -> DTConfig:
         """action_bounds: (low, high) lists the actions span, None for [-1, 1] (validate.action_bounds)."""
         low, high = action_bounds if action_bounds is not None else (None, None)
-        return DTConfig(obs_dim=obs_dim, act_dim=act_dim, context=self.context, n_layer=self.n_layer,
-                        n_head=self.n_head, n_embd=self.n_embd, max_timestep=self.max_timestep,
-                        dropout=self.dropout, rtg_scale=self.rtg_scale, action_low=low, action_high=high)
+        return model_config_from(self, DTConfig, obs_dim=obs_dim, act_dim=act_dim, action_low=low, action_high=high)
 
 
 @dataclass

@@ -185,16 +185,11 @@ class RecomputeDecoder:
         self.sequence = None
 
 
-DECODERS = {"fused": FusedDecoder, "readable": CachedDecoder, "recompute": RecomputeDecoder}
-
-
 def decoder_for(use_cache: bool, cache: str = "fused"):
-    """The decoder class a planner setting asks for: no cache is the recompute baseline."""
+    """The decoder class a planner setting asks for (see PlannerConfig.use_cache and .cache)."""
     if not use_cache:
         return RecomputeDecoder
-    if cache not in ("fused", "readable"):
-        raise ValueError(f"cache must be 'fused' or 'readable', got {cache!r}")
-    return DECODERS[cache]
+    return {"fused": FusedDecoder, "readable": CachedDecoder}[cache]
 
 
 def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True,

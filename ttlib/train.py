@@ -43,8 +43,20 @@ RESUMABLE = ("steps", "device", "eval_every", "eval_batches")
 
 
 @dataclass
-class TrainConfig:
+class RunConfig:
+    """The settings every model ttlib trains shares (the Trajectory GPT here, the Decision Transformer in dt)."""
     dataset: str = ttdata.DEFAULT_DATASET  # dataset id (see ttlib.data.load)
+    lr: float = 6e-4  # peak learning rate
+    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    val_fraction: float = 0.05  # share of episodes held out for validation
+    eval_every: int = 250  # steps between validation losses
+    eval_batches: int = 10  # batches per validation estimate
+    seed: int = 0  # seeds the split, initial weights and batch order
+    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
+
+
+@dataclass
+class TrainConfig(RunConfig):
     gamma: float = 0.99  # discount of the value targets
     n_bins: int = 100  # bins per dimension
     strategy: str = "quantile"  # bin placement: "quantile" or "uniform"
@@ -55,21 +67,19 @@ class TrainConfig:
     dropout: float = 0.1  # dropout during training (three passes over the data: enough to start overfitting)
     batch_size: int = 64  # windows per step
     steps: int = 5400  # optimiser steps in total (about three passes over the course data)
-    lr: float = 6e-4  # peak learning rate
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 100  # linear warmup from 0 to lr
     weight_decay: float = 0.1  # AdamW decay on weight matrices
     grad_clip: float = 1.0  # clip the gradient's global norm to this
-    val_fraction: float = 0.05  # share of episodes held out for validation
-    eval_every: int = 250  # steps between validation losses
-    eval_batches: int = 10  # batches per validation estimate
-    seed: int = 0  # seeds the split, initial weights and batch order
-    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
 
     def model_config(self, obs_dim: int, act_dim: int) -> GPTConfig:
-        return GPTConfig(obs_dim=obs_dim, act_dim=act_dim, n_bins=self.n_bins, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, n_transitions=self.n_transitions,
-                         dropout=self.dropout)
+        return model_config_from(self, GPTConfig, obs_dim=obs_dim, act_dim=act_dim)
+
+
+def model_config_from(config, model_class, **from_data):
+    """The model's config a training config asks for: every field of `model_class` that the training config has
+    too (n_layer, n_embd, dropout, ...), plus the ones the data decide (`from_data`: obs_dim, act_dim, ...)."""
+    shared = {f.name: getattr(config, f.name) for f in fields(model_class) if hasattr(config, f.name)}
+    return model_class(**{**shared, **from_data})
 
 
 @dataclass
