@@ -151,7 +151,7 @@ class FusedDecoder:
 
     def feed(self, bins: torch.Tensor) -> torch.Tensor:
         """bins (B,) of the token at `self.position` for every row -> logits (B, N) of the next token."""
-        X = self.children
+        X, D = self.children, self.head_dim
         dim = self.position % self.transition_dim
         store = dim != self.transition_dim - 1  # a value token is neither stored nor attended to, not even by itself
         slot = self.n_past + self.n_own * X  # where this step's X tokens of a beam go
@@ -159,11 +159,14 @@ class FusedDecoder:
         if n > self.past.shape[4]:  # the buffer is full: double it (zeros: new slots may be read as padding)
             self._set_past(torch.cat([self.past, torch.zeros_like(self.past)], dim=4), self.n_past)
             self._mask_siblings()
+        n_read = min(max(n, min_slots(X, D)), self.past.shape[4]) if n else 0  # values' slots, padding included
+        mask = self.sibling_mask[:, :n] if X > 1 else None  # (X, n) hides a child's siblings
+        store_at = slot if store else None
         table = self.tok_emb[dim * self.n_bins:(dim + 1) * self.n_bins]  # (N, C): this dimension's tokens
         x = F.embedding(bins, table) + self.pos_emb[self.position]  # (B, C)
         for layer, (norm_1, w_qkv, b_qkv, w_proj, b_proj, norm_2, w_up, b_up, w_down, b_down) in enumerate(self.layers):
             h = torch.layer_norm(x, *norm_1)
-            y = self._attend(layer, torch.mm(h, w_qkv).add_(b_qkv), slot if store else None, n)  # (B, C)
+            y = self._attend(layer, torch.mm(h, w_qkv).add_(b_qkv), store_at, n, n_read, mask)  # (B, C)
             x = torch.addmm(x, y, w_proj).add_(b_proj)
             h = torch.layer_norm(x, *norm_2)
             x = torch.addmm(x, F.gelu(torch.mm(h, w_up).add_(b_up)), w_down).add_(b_down)
@@ -176,9 +179,11 @@ class FusedDecoder:
         nxt = self.position % self.transition_dim
         return torch.addmm(self.head_bias[nxt], x, self.head_weight[nxt])  # (B, N)
 
-    def _attend(self, layer: int, qkv: torch.Tensor, slot: int | None, n: int) -> torch.Tensor:
+    def _attend(self, layer: int, qkv: torch.Tensor, slot: int | None, n: int, n_read: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
         """qkv (B, 3C) of the new tokens -> attention output (B, C), heads side by side. slot: where the new keys
-        and values go in the past (None: a value token, not stored); n: past slots the scores cover."""
+        and values go in the past (None: a value token, not stored); n: past slots the scores cover; n_read: past
+        slots the values product reads (n, plus padding); mask (X, n): the sibling mask, None for one child."""
         E, H, D, X, Pc = self.n_envs, self.n_heads, self.head_dim, self.children, self.n_context
         B = qkv.shape[0]
         beams = B // X  # E*W rows of past
@@ -187,11 +192,10 @@ class FusedDecoder:
             self.past_layers[layer][:, :, :, slot:n] = qkv[1:].view(2, H, beams, X, D)
         q = qkv[0].contiguous()  # (H, B, D)
         scores = torch.bmm(q.view(H * E, B // E, D), self.context_k[layer]).view(H, B, Pc)
-        n_read = min(max(n, min_slots(X, D)), self.past.shape[4]) if n else 0  # values' slots, padding included
         if n:
             keys = self.read_k[layer][:, :n].transpose(1, 2)  # (H*E*W, D, n)
-            past_scores = (torch.bmm(q.view(H * beams, X, D), keys) if X == 1 else
-                           torch.baddbmm(self.sibling_mask[:, :n], q.view(H * beams, X, D), keys))  # (H*E*W, X, n)
+            past_scores = (torch.bmm(q.view(H * beams, X, D), keys) if mask is None else
+                           torch.baddbmm(mask, q.view(H * beams, X, D), keys))  # (H*E*W, X, n)
             pieces = [scores, past_scores.view(H, B, n)]
             if n_read > n:  # padding, read only to reach ATen's matrix kernel: weights exactly 0
                 pieces.append(self.no_weight[:, :, :n_read - n].expand(H, B, n_read - n))
