@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from ttlib import data as ttdata
+from ttlib.bench import PRESETS, plan_flops, random_model
+from ttlib.planning import PlannerConfig
 
 
 def ttlib(*args, env=None, timeout=300):
@@ -45,6 +47,10 @@ def test_bench_planning_json_has_the_promised_keys():
                 "beam_width", "horizon", "context", "sample_expand", "device", "torch_threads"):
         assert key in out
     assert 0 <= out["max_logit_gap"] < 1e-3 and out["ms_per_plan_cached"] > 0 and out["device"] == "cpu"
+    p = PRESETS["tiny"]  # the figure is the count test_planning checks in closed form, for this preset
+    planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
+                            sample_expand=p.sample_expand)
+    assert out["gflop_per_plan"] == plan_flops(random_model(p)[0].config, planner, batch=1) / 1e9
 
 
 def test_bench_profile_splits_the_time_of_a_plan():

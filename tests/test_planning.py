@@ -6,6 +6,7 @@ import torch
 
 from ttlib import planning
 from ttlib.bench import PRESETS, plan_flops, random_model
+from ttlib.fast_decoder import BufferPool, FusedDecoder, min_slots
 from ttlib.planning import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
 
 
@@ -20,18 +21,19 @@ def prefix_for(model, n_envs, transitions, seed=0):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_cached_plan_equals_uncached_plan_in_float64(seed):
-    """In float64 rounding is ~1e-16, far below any near-tie a search meets: the two decoders make the same plan.
-    (In float32 a near-tie can go either way on another torch, CPU or GPU: there the claim is the next test's.)"""
+def test_all_three_decoders_make_the_same_plan_in_float64(seed):
+    """In float64 rounding is ~1e-16, far below any near-tie a search meets: the fused decoder, the readable one on
+    the model's own cache and the recomputing baseline make the same plan. (In float32 a near-tie can go either
+    way on another torch, CPU or GPU: there the claim is the next test's.)"""
     model, tok = tiny(torch.float64, seed)
     prefix = prefix_for(model, 3, 3, seed)
     keys = torch.tensor([11, 22, 33]) + seed
-    config = PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)
-    cached = beam_plan(model, tok, prefix, keys, config)
-    config.use_cache = False
-    uncached = beam_plan(model, tok, prefix, keys, config)
-    assert torch.equal(cached.bins, uncached.bins)
-    torch.testing.assert_close(cached.score, uncached.score, atol=1e-9, rtol=0)
+    settings = dict(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)
+    fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings))
+    for other in (PlannerConfig(**settings, cache="readable"), PlannerConfig(**settings, use_cache=False)):
+        plan = beam_plan(model, tok, prefix, keys, other)
+        assert torch.equal(fused.bins, plan.bins)
+        torch.testing.assert_close(fused.score, plan.score, atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -44,8 +46,10 @@ def test_both_decoders_compute_the_same_logits_along_a_float32_plan(seed):
                      PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5))
     cached = planning.logits_along(model, prefix, plan.bins, use_cache=True)
     recomputed = planning.logits_along(model, prefix, plan.bins, use_cache=False)
+    readable = planning.logits_along(model, prefix, plan.bins, cache="readable")
     assert cached.shape == (3, plan.bins.shape[1], model.config.n_bins)
     torch.testing.assert_close(cached, recomputed, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(readable, recomputed, atol=1e-4, rtol=1e-4)
     # and the check can fail: one token changed early in the plan changes the logits after it
     other = plan.bins.clone()
     other[:, 0] = (other[:, 0] + 1) % model.config.n_bins
@@ -58,9 +62,11 @@ def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
     drop and duplicate rows (each row stays with its environment: the first half of the rows plans for environment
     0, the second for 1)."""
     model, _ = tiny(torch.float64)
-    cached, recomputed = (Decoder(model, prefix_for(model, 2, 2), 3, 10) for Decoder in (CachedDecoder,
-                                                                                         RecomputeDecoder))
-    torch.testing.assert_close(cached.logits, recomputed.logits)
+    fused, readable, recomputed = (Decoder(model, prefix_for(model, 2, 2), 3, 10) for Decoder in (
+        FusedDecoder, CachedDecoder, RecomputeDecoder))
+    decoders = (fused, readable, recomputed)
+    torch.testing.assert_close(fused.logits, recomputed.logits)
+    torch.testing.assert_close(readable.logits, recomputed.logits)
     g = torch.Generator().manual_seed(0)
     rows = 6  # 2 environments x 3 beams
     with torch.inference_mode():
@@ -69,15 +75,19 @@ def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
                             ("expand", 2), ("feed", 2), ("expand", 2), ("feed", 4),
                             ("select", [1, 4, 11, 12, 15, 20]), ("feed", 2)]:
             if action == "expand":
-                cached.expand(arg), recomputed.expand(arg)
+                for decoder in decoders:
+                    decoder.expand(arg)
                 rows *= arg
             elif action == "select":
-                cached.select(torch.tensor(arg)), recomputed.select(torch.tensor(arg))
+                for decoder in decoders:
+                    decoder.select(torch.tensor(arg))
                 rows = len(arg)
             else:
                 for _ in range(arg):
                     bins = torch.randint(0, model.config.n_bins, (rows,), generator=g)
-                    torch.testing.assert_close(cached.feed(bins), recomputed.feed(bins))
+                    expected = recomputed.feed(bins)
+                    torch.testing.assert_close(fused.feed(bins), expected)
+                    torch.testing.assert_close(readable.feed(bins), expected)
 
 
 def test_buffers_kept_from_the_last_plan_leave_no_trace():
@@ -87,16 +97,18 @@ def test_buffers_kept_from_the_last_plan_leave_no_trace():
     model, tok = random_model(PRESETS["lunarlander"])
     prefix, keys = prefix_for(model, 2, 2), torch.tensor([5, 6])
     config = PlannerConfig(beam_width=4, horizon=3, sample_expand=2, context=2)
-    first = beam_plan(model, tok, prefix, keys, config)
-    kept = planning._buffers.free[:2]
-    padding = planning._min_read(1, model.config.n_embd // model.config.n_head)
+    pool = BufferPool()
+    first = beam_plan(model, tok, prefix, keys, config, pool)
+    kept = pool.free[:2]
+    assert len(kept) == 2  # the plan gave back its two buffers
+    padding = min_slots(1, model.config.n_embd // model.config.n_head)
     with torch.inference_mode():  # (where plans make them)
         for buffer in kept:
             assert buffer.shape[4] > padding  # there are values slots past the padding to spoil
             buffer[:, 0] = float("nan")
             buffer[:, 1, ..., padding:, :] = float("nan")
-    again = beam_plan(model, tok, prefix, keys, config)
-    assert {id(b) for b in planning._buffers.free[:2]} == {id(b) for b in kept}  # the spoiled buffers were used
+    again = beam_plan(model, tok, prefix, keys, config, pool)
+    assert {id(b) for b in pool.free[:2]} == {id(b) for b in kept}  # the spoiled buffers were used
     assert torch.equal(first.bins, again.bins) and torch.equal(first.score, again.score)
 
 
@@ -186,10 +198,27 @@ def test_prefix_must_end_with_an_observation():
         beam_plan(model, tok, torch.zeros(1, 5, dtype=torch.long), torch.tensor([0]), PlannerConfig(horizon=2))
 
 
-def test_flop_count_matches_halfcheetah_scale():
+def test_flop_count_of_the_halfcheetah_plan_is_exact():
+    """The count in closed form: a token at position p (p keys before it, itself included) costs, per layer,
+    2*12*C^2 for the qkv, projection and MLP matmuls plus 2*2*C*p for q.k and weights.v, and 2*C*N for its head.
+    The context (P = 4*25 + 17 = 117 tokens, one head at its end) runs once; then every step feeds A+1 = 7 tokens
+    to 64 children and, between steps, 1+O = 18 tokens to the 32 survivors."""
     model, _ = random_model(PRESETS["halfcheetah"])
-    gflop = plan_flops(model.config, PlannerConfig(), batch=1) / 1e9
-    assert 5 < gflop < 20  # ~10 GFLOP: 64 children x (6+1) tokens + 32 survivors x (1+17) tokens, 5 steps
+    C, L, N, O, A, P = 128, 4, 100, 17, 6, 117
+
+    def tokens(rows, first, n):  # n tokens at positions first .. first+n-1, on `rows` rows each
+        return rows * (n * (L * 24 * C * C + 2 * C * N) + 4 * C * L * (2 * first + n - 1) * n // 2)
+
+    expected = P * L * 24 * C * C + 4 * C * L * P * (P + 1) // 2 + 2 * C * N
+    position = P + 1
+    for step in range(5):
+        expected += tokens(64, position, A + 1)
+        position += A + 1
+        if step < 4:
+            expected += tokens(32, position, 1 + O)
+            position += 1 + O
+    assert plan_flops(model.config, PlannerConfig(), batch=1) == expected == 9_052_953_600
+    assert plan_flops(model.config, PlannerConfig(), batch=3) == 3 * expected
 
 
 def test_planning_runs_in_evaluation_mode_and_restores_the_mode():

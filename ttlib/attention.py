@@ -12,13 +12,9 @@ every new token wastes almost all of the work. A KV cache keeps the *projected* 
 preallocated buffers and only computes them for the new token. That makes each decoding step cost O(length)
 instead of O(length^2), and it is exactly the same computation as running the whole sequence again.
 
-Beam search adds two twists, both handled here:
-- `KVCache.reorder(indices)` keeps, drops or duplicates rows when beams are selected or expanded.
-- All beams of one environment share the same context, and a beam's children share the beam's past.
-  `KVCache.shared(prefix, ...)` stores such a prefix once per group of rows and only the newer tokens per row,
-  so the cache holds, copies and reads far less memory; `extend` folds the chosen children back into their beams.
-The planner's own decoder (`planning.CachedDecoder`) applies the same sharing with a leaner layout for its hot loop
-(one token per row, value tokens never stored); this general cache is the one notebook 02 builds and tests.
+Beam search reorders rows: `KVCache.reorder(indices)` keeps, drops or duplicates them when beams are expanded
+or selected (`planning.CachedDecoder` decodes this way). The planner's fast decoder (`fast_decoder.FusedDecoder`)
+goes further and stores an environment's context once for all of its beams.
 """
 
 from __future__ import annotations
@@ -48,58 +44,18 @@ def fast_attention(q, k, v, allowed, dropout_p=0.0):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
 
-def attention_with_shared_prefixes(q, k, v, prefixes, allowed):
-    """Attention over [shared prefix keys ... ; per-row keys] without copying any prefix into every row.
-
-    q (B, H, T, D); k, v (B, H, S, D) per row; prefixes: a list of (k, v) pairs, each (G, H, P, D) and shared
-    by groups of B // G consecutive rows (an environment's context, a beam's past); allowed (T, sum P + S).
-    One softmax runs over all keys at once, so the result is the same as if every row held its own copy.
-    """
-    B, H, T, D = q.shape
-
-    def grouped(x, G):  # (B, H, T, X) -> (G, H, R*T, X): the R rows of a group become extra queries
-        return x.reshape(G, B // G, H, T, x.shape[-1]).transpose(1, 2).reshape(G, H, B // G * T, x.shape[-1])
-
-    def ungrouped(x, G):  # (G, H, R*T, X) -> (B, H, T, X)
-        return x.reshape(G, H, B // G, T, x.shape[-1]).transpose(1, 2).reshape(B, H, T, x.shape[-1])
-
-    q = q / math.sqrt(D)
-    scores = [ungrouped(grouped(q, pk.shape[0]) @ pk.transpose(-2, -1), pk.shape[0]) for pk, _ in prefixes]
-    scores.append(q @ k.transpose(-2, -1))  # (B, H, T, S)
-    lengths = [x.shape[-1] for x in scores]
-    scores = torch.cat(scores, dim=-1).masked_fill(~allowed, float("-inf"))  # (B, H, T, sum P + S)
-    weights = torch.softmax(scores, dim=-1).split(lengths, dim=-1)
-    out = weights[-1] @ v  # (B, H, T, D)
-    for w, (_, pv) in zip(weights[:-1], prefixes, strict=True):
-        out = out + ungrouped(grouped(w, pv.shape[0]) @ pv, pv.shape[0])
-    return out
-
-
 class KVCache:
     """Projected keys and values of every layer, for `batch` rows, in preallocated buffers.
 
     k, v: (n_layer, batch, n_head, capacity, head_dim), written in place as tokens arrive. `length` tokens are
-    stored per row. With a shared `prefix` (another, filled KVCache with one row per group), this cache's rows
-    continue the prefix: row i belongs to group i // (batch // prefix.batch). Prefixes can nest: a beam's
-    children continue the beam, which continues its environment's context.
+    stored per row.
     """
 
-    def __init__(self, n_layer, batch, n_head, head_dim, capacity, *, dtype=torch.float32, device="cpu",
-                 prefix: KVCache | None = None):
+    def __init__(self, n_layer, batch, n_head, head_dim, capacity, *, dtype=torch.float32, device="cpu"):
         shape = (n_layer, batch, n_head, capacity, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)  # only [:length] is ever read
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0  # tokens stored per row
-        self.prefix = prefix  # shared prefix (itself a KVCache, one row per group of rows here), or None
-        if prefix is not None and batch % prefix.batch:
-            raise ValueError(f"batch {batch} is not a multiple of the prefix's {prefix.batch} groups")
-
-    @classmethod
-    def shared(cls, prefix: KVCache, rows_per_group: int, capacity: int) -> KVCache:
-        """A cache of prefix.batch * rows_per_group rows that all continue `prefix` (its groups' contexts)."""
-        n_layer, groups, n_head, _, head_dim = prefix.k.shape
-        return cls(n_layer, groups * rows_per_group, n_head, head_dim, capacity, dtype=prefix.k.dtype,
-                   device=prefix.k.device, prefix=prefix)
 
     @property
     def batch(self) -> int:
@@ -111,8 +67,8 @@ class KVCache:
 
     @property
     def position(self) -> int:
-        """Absolute position of the next token (the prefixes' tokens come first)."""
-        return self.length + (self.prefix.position if self.prefix is not None else 0)
+        """Absolute position of the next token."""
+        return self.length
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, H, T, D) after the tokens already there; return this layer's keys and values so far."""
@@ -123,14 +79,6 @@ class KVCache:
         self.v[layer, :, :, start:start + T] = v
         return self.k[layer, :, :, :start + T], self.v[layer, :, :, :start + T]  # (B, H, start+T, D)
 
-    def prefix_kv(self, layer: int) -> list:
-        """The shared prefixes' (k, v) for a layer, outermost first, each (G, H, P, D); empty ones left out."""
-        if self.prefix is None:
-            return []
-        P = self.prefix.length
-        own = [(self.prefix.k[layer, :, :, :P], self.prefix.v[layer, :, :, :P])] if P else []
-        return self.prefix.prefix_kv(layer) + own
-
     def advance(self, n_tokens: int):
         """Called by the model once every layer has written the new tokens."""
         self.length += n_tokens
@@ -138,29 +86,12 @@ class KVCache:
     def reorder(self, indices: torch.Tensor):
         """Rows become rows[indices]: keep, drop or duplicate them (beam search). Only stored tokens are copied."""
         indices = indices.to(self.k.device)
-        if self.prefix is not None:
-            # a row may only move within its group: its prefix (the environment's context) must stay the same
-            new_rows = indices.numel() // self.prefix.batch
-            old_rows = self.batch // self.prefix.batch
-            groups = torch.arange(indices.numel(), device=indices.device) // new_rows
-            if indices.numel() % self.prefix.batch or not torch.equal(indices // old_rows, groups):
-                raise ValueError("reorder with a shared prefix must keep every row within its group")
         L = self.length
         shape = (self.k.shape[0], indices.numel(), *self.k.shape[2:])
         new_k, new_v = self.k.new_empty(shape), self.v.new_empty(shape)
         new_k[:, :, :, :L] = self.k[:, :, :, :L].index_select(1, indices)
         new_v[:, :, :, :L] = self.v[:, :, :, :L].index_select(1, indices)
         self.k, self.v = new_k, new_v
-
-    def extend(self, child: KVCache, rows: torch.Tensor) -> None:
-        """Append the tokens of child rows `rows` (one per row here) after this cache's own tokens."""
-        start, n = self.length, child.length
-        if start + n > self.capacity:
-            raise CacheFullError(f"KV cache is full: {start} + {n} tokens > capacity {self.capacity}")
-        rows = rows.to(self.k.device)
-        self.k[:, :, :, start:start + n] = child.k[:, :, :, :n].index_select(1, rows)
-        self.v[:, :, :, start:start + n] = child.v[:, :, :, :n].index_select(1, rows)
-        self.length += n
 
 
 class CausalSelfAttention(nn.Module):
@@ -183,13 +114,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
-        prefixes = []
         if cache is not None:
-            k, v = cache.write(layer, k, v)  # (B, H, S, D): this row's own tokens so far
-            prefixes = cache.prefix_kv(layer)  # shared context / beam history, stored once per group
-        if prefixes:
-            y = attention_with_shared_prefixes(q, k, v, prefixes, allowed)
-        elif self.fast:
+            k, v = cache.write(layer, k, v)  # (B, H, S, D): every token so far
+        if self.fast:
             y = fast_attention(q, k, v, allowed, self.attn_dropout if self.training else 0.0)
         else:
             y = explicit_attention(q, k, v, allowed, self.attn_dropout if self.training else 0.0)

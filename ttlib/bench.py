@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .fast_decoder import BufferPool
 from .model import GPTConfig, TrajectoryGPT
 from .planning import PlannerConfig, beam_plan, logits_along, tokens_fed
 from .tokenizer import TrajectoryTokenizer
@@ -144,10 +145,11 @@ def bench_planning(preset: str = "halfcheetah", batch: int = 1, repeats: int = 5
     td = model.config.transition_dim
     prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * td + p.obs_dim), device=device)
     keys = torch.arange(batch)
+    buffers = BufferPool()  # kept from one plan to the next, as a rollout keeps them
 
     def run(use_cache):
         planner.use_cache = use_cache
-        return beam_plan(model, tokenizer, prefix, keys, planner)
+        return beam_plan(model, tokenizer, prefix, keys, planner, buffers)
 
     t_cached = timed(lambda: run(True), repeats, warmup=2)
     t_uncached = timed(lambda: run(False), uncached_repeats, warmup=0) if uncached_repeats > 0 else float("nan")
@@ -174,9 +176,10 @@ def profile_planning(preset: str = "halfcheetah", batch: int = 1, device: str = 
                             sample_expand=p.sample_expand)
     prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * model.config.transition_dim + p.obs_dim),
                            device=device)
-    beam_plan(model, tokenizer, prefix, torch.arange(batch), planner)  # warm-up
+    buffers = BufferPool()
+    beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        beam_plan(model, tokenizer, prefix, torch.arange(batch), planner)
+        beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers)
     kinds = {"matmul": ("addmm", "bmm", "baddbmm", "baddbmm_", "mm"),
              "softmax, gelu, layer norm": ("_softmax", "gelu", "native_layer_norm"),
              "copies (cache writes, beam selection, cat)": ("copy_", "index_select", "cat", "index")}

@@ -42,7 +42,7 @@ def _cmd_datasets(args):
 
 
 def _cmd_train(args):
-    from .train import TrainConfig, export_checkpoint, train
+    from .train import TrainConfig, train
 
     if args.model == "dt":
         return _cmd_train_dt(args)
@@ -52,8 +52,15 @@ def _cmd_train(args):
     config = TrainConfig(**{**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
     result = train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
-    print(f"trained {config.steps} steps: train loss {last['train_loss']:.3f}, validation loss "
-          f"{last['val_loss']:.3f}, {result.tokens_per_second:,.0f} tokens/s; checkpoint {args.out}")
+    _trained(args, f"trained {config.steps} steps: train loss {last['train_loss']:.3f}, validation loss "
+             f"{last['val_loss']:.3f}, {result.tokens_per_second:,.0f} tokens/s; checkpoint {args.out}")
+
+
+def _trained(args, summary: str) -> None:
+    """Say how training went, and write the slim copy --export asks for."""
+    from .train import export_checkpoint
+
+    print(summary)
     if args.export:
         export_checkpoint(args.out, args.export)
         print(f"slim copy for shipping: {args.export}")
@@ -72,7 +79,7 @@ def _resumed_config(args, config_class, kind: str) -> dict:
 
 def _cmd_train_dt(args):
     from . import dt
-    from .train import TrainConfig, export_checkpoint
+    from .train import TrainConfig
 
     names = {f.name for f in fields(dt.DTTrainConfig)}
     given = {f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
@@ -83,11 +90,8 @@ def _cmd_train_dt(args):
     config = dt.DTTrainConfig(**{**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
     result = dt.train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
-    print(f"trained a Decision Transformer {config.steps} steps in {result.seconds:.0f} s: train loss "
-          f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f}; checkpoint {args.out}")
-    if args.export:
-        export_checkpoint(args.out, args.export)
-        print(f"slim copy for shipping: {args.export}")
+    _trained(args, f"trained a Decision Transformer {config.steps} steps in {result.seconds:.0f} s: train loss "
+             f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f}; checkpoint {args.out}")
 
 
 def _cmd_evaluate_dt(args):
@@ -168,11 +172,11 @@ def _check_distributed_args(args):
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.sequential or args.video:
         raise ValueError("--sequential plays in one process and --video records there: leave out --workers")
-    from . import distributed
+    from . import ray_cluster
 
-    distributed.import_ray()
+    ray_cluster.import_ray()
     if args.address:
-        distributed.check_reachable(args.address)
+        ray_cluster.check_reachable(args.address)
 
 
 def _cmd_evaluate(args):
@@ -280,8 +284,6 @@ def _cmd_grade(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .train import TrainConfig
-
     parser = argparse.ArgumentParser(prog="ttlib", description="The Trajectory Transformer course library.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -294,6 +296,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("datasets", help="list local datasets")
     p.set_defaults(func=_cmd_datasets)
+
+    _add_train(sub)
+    _add_evaluate(sub)
+    _add_bench(sub)
+
+    p = sub.add_parser("grade", help="hand out and grade the exercises with nbgrader (run from the repository root)")
+    grade_sub = p.add_subparsers(dest="action", required=True)
+    g = grade_sub.add_parser("release", help="nbgrader student versions of every graded notebook -> notebooks/student/")
+    g.add_argument("--check", action="store_true", help="write nothing to notebooks/student/; fail if out of date")
+    g = grade_sub.add_parser("collect", help="a flat folder of <student>.ipynb -> nbgrader's submitted/ folder")
+    g.add_argument("assignment", help="the notebook's name without .ipynb, e.g. 01_attention")
+    g.add_argument("folder", help="a folder holding one <student>.ipynb per student")
+    p.set_defaults(func=_cmd_grade)
+    return parser
+
+
+def _add_train(sub) -> None:
+    from .train import TrainConfig
 
     p = sub.add_parser("train", help="train a Trajectory GPT")
     p.add_argument("--out", required=True, help="checkpoint path (written during training too)")
@@ -308,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"default {f.default}")
     p.set_defaults(func=_cmd_train)
 
+
+def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="plan with a checkpoint in its environment")
     p.add_argument("--checkpoint", help="default: the shipped course checkpoint")
     p.add_argument("--episodes", type=int, default=10)
@@ -331,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the dataset's expert reference score)")
     p.set_defaults(func=_cmd_evaluate)
 
+
+def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
     p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training", "distributed"])
     p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
@@ -345,16 +369,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_bench)
-
-    p = sub.add_parser("grade", help="hand out and grade the exercises with nbgrader (run from the repository root)")
-    grade_sub = p.add_subparsers(dest="action", required=True)
-    g = grade_sub.add_parser("release", help="nbgrader student versions of every graded notebook -> notebooks/student/")
-    g.add_argument("--check", action="store_true", help="write nothing to notebooks/student/; fail if out of date")
-    g = grade_sub.add_parser("collect", help="a flat folder of <student>.ipynb -> nbgrader's submitted/ folder")
-    g.add_argument("assignment", help="the notebook's name without .ipynb, e.g. 01_attention")
-    g.add_argument("folder", help="a folder holding one <student>.ipynb per student")
-    p.set_defaults(func=_cmd_grade)
-    return parser
 
 
 def _planner_args(p):
@@ -376,7 +390,7 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
-    from .distributed import DistributedError
+    from .ray_cluster import DistributedError
     from .train import CheckpointError
 
     args = build_parser().parse_args(argv)

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import sys
 import time
 import warnings
 from collections import deque
@@ -39,17 +37,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .fast_decoder import BufferPool
 from .model import GPTConfig, TrajectoryGPT
 from .planning import PlannerConfig, beam_plan, check_fits
+from .ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 07)
 from .rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
 from .tokenizer import TrajectoryTokenizer
 
 MAX_RESTARTS = 3  # times Ray restarts a dead actor
 MAX_ATTEMPTS = 3  # times an episode is started before the evaluation gives up on it
-
-
-class DistributedError(RuntimeError):
-    """Ray is missing, the cluster cannot be reached, or episodes could not be completed."""
 
 
 @dataclass
@@ -58,105 +54,6 @@ class DistributedResult(EvalResult):
     workers: int = 1  # workers holding environments
     actor_deaths: int = 0  # failed calls because an actor died (each actor is restarted by Ray)
     reruns: int = 0  # episodes started again because the actor running them died
-
-
-# ---- connecting to a cluster --------------------------------------------------------------------------------
-def import_ray():
-    """Ray itself, or a clear error naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError:
-        raise DistributedError("distributed evaluation needs Ray, which is not installed: install the `ray` extra, "
-                               "pip install 'ttlib[ray]' (or pip install 'ray[default]')") from None
-    return ray
-
-
-@contextlib.contextmanager
-def _loopback_settings(new_cluster: bool):
-    """A local cluster that listens on the loopback interface only and leaves no auth token in ~/.ray.
-
-    On Linux Ray binds to the machine's network address so that other nodes can join (and a driver rewrites
-    127.0.0.1 in an address to that network address); RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes it use 127.0.0.1,
-    as it does on a laptop. Recent Ray turns on token authentication for a new local cluster and writes
-    ~/.ray/auth_token; nothing but this machine can reach a loopback-only cluster, so a new one starts with
-    RAY_AUTH_MODE=disabled. Both are read while Ray starts or connects, then restored.
-    """
-    settings = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **({"RAY_AUTH_MODE": "disabled"} if new_cluster else {})}
-    saved = {k: os.environ.get(k) for k in settings}
-    for k, v in settings.items():
-        os.environ.setdefault(k, v)
-    constants = sys.modules.get("ray._private.ray_constants")  # Ray reads the flag once, when it is imported
-    if constants is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
-        constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        constants = sys.modules.get("ray._private.ray_constants")
-        if constants is not None and hasattr(constants, "env_bool"):  # Ray's own default for this platform
-            constants.ENABLE_RAY_CLUSTER = constants.env_bool("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
-                                                              not constants.IS_WINDOWS_OR_OSX)
-
-
-def check_reachable(address: str, timeout: float = 3.0) -> None:
-    """Fail fast when nothing listens at a cluster address (Ray itself would retry for minutes)."""
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise DistributedError(f"Ray cluster address {address!r} is not host:port (e.g. 10.0.0.5:6379 or "
-                               f"ray://10.0.0.5:10001)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise DistributedError(f"no Ray cluster answers at {address} ({e.strerror or e}); start one there with "
-                               f"`ray start --head`, or leave the address out to start a local cluster") from None
-
-
-def connect(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None):
-    """Attach this process to Ray. -> (ray, started): started is True if this call started a local cluster.
-
-    Uses the running Ray session if there is one; else the cluster at `address` (or $RAY_ADDRESS), e.g.
-    "10.0.0.5:6379" or "ray://10.0.0.5:10001"; else starts a local cluster on this machine (`num_cpus` CPUs,
-    Ray's files under `temp_dir`), loopback only.
-    """
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return sys.modules["ray"], False
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address not in (None, "local"):
-        ray = import_ray()
-        if address != "auto":
-            check_reachable(address)
-        import ttlib
-
-        host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
-        loopback = host in ("localhost", "::1") or host.startswith("127.")
-        try:  # ship this copy of ttlib to the cluster's workers: they need the code, not the assets
-            with _loopback_settings(new_cluster=False) if loopback else contextlib.nullcontext():
-                ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(ttlib.__file__)]},
-                         log_to_driver=False)
-        except Exception as e:
-            raise DistributedError(f"could not connect to the Ray cluster at {address}: {type(e).__name__}: "
-                                   f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        return ray, False
-    with _loopback_settings(new_cluster=True):
-        ray = import_ray()
-        for attempt in range(3):  # on a very busy machine the raylet can miss Ray's 30 s start-up deadline
-            try:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
-                break
-            except Exception as e:
-                ray.shutdown()
-                if attempt == 2 or "timed out" not in str(e):
-                    raise DistributedError(f"could not start a local Ray cluster: {e}") from None
-    return ray, True
-
-
-def cluster_cpus(ray) -> float:
-    return float(ray.cluster_resources().get("CPU", 1.0))
 
 
 # ---- what the object store holds: the model, once ---------------------------------------------------------
@@ -191,6 +88,7 @@ class ModelActor:
         torch.set_num_threads(threads)
         self.model, self.tokenizer = unpack(fetch(weights), device)
         self.device = device
+        self.buffers = BufferPool()  # the planner's cache buffers, kept from one plan to the next
 
     def ping(self, payload=None) -> int:
         return os.getpid()
@@ -207,7 +105,7 @@ class LocalWorker(ModelActor):
                 if batch.step == kill_at_step:
                     os._exit(1)  # a test hook: die mid-episode, as a preempted machine would
                 _, prefix, keys = batch.observe()
-                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner)
+                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers)
                 batch.act(plan.actions[:, 0].numpy())
             return batch.returns, batch.lengths, batch.contexts.clipped
         finally:
@@ -255,7 +153,7 @@ class Planner(ModelActor):
         if kill:
             os._exit(1)  # a test hook
         prefix, keys, counts = merge_observations(observations)
-        plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner)
+        plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers)
         parts = split_actions(plan.actions[:, 0].numpy(), counts)
         return tuple(parts) if len(parts) > 1 else parts[0]
 
@@ -478,22 +376,10 @@ class RayEvaluator:
                 live = [w for w, obs in observations.items() if obs["running"]]
                 if not live:
                     break
-                # one beam search for every running environment of every worker, in worker order
-                obs_refs = [refs[w] for w in live]
-                for attempt in range(MAX_ATTEMPTS + 1):
-                    kill = kill_planner_at is not None and step == kill_planner_at
-                    kill_planner_at = None if kill else kill_planner_at
-                    action_refs = self.planner.plan.options(num_returns=len(live)).remote(planner, kill, *obs_refs)
-                    action_refs = action_refs if len(live) > 1 else [action_refs]
-                    try:
-                        ray.wait(action_refs, num_returns=len(action_refs))
-                        ray.get(action_refs[0])
-                        break
-                    except ray.exceptions.RayActorError:
-                        deaths += 1  # the planner died: Ray restarts it, and we ask again
-                        if attempt == MAX_ATTEMPTS:
-                            raise DistributedError(f"the planner actor died {MAX_ATTEMPTS + 1} times") from None
-                        self._wait_restarted(self.planner)
+                kill = kill_planner_at is not None and step == kill_planner_at
+                kill_planner_at = None if kill else kill_planner_at
+                action_refs, planner_deaths = self._plan_for(planner, [refs[w] for w in live], kill)
+                deaths += planner_deaths
                 refs = {}
                 for w, actions in zip(live, action_refs, strict=True):
                     kill = kill_worker_at is not None and kill_worker_at == (w, step)
@@ -502,6 +388,24 @@ class RayEvaluator:
                 step += 1
         return returns, lengths, clipped, deaths, reruns
 
+
+    def _plan_for(self, planner, obs_refs: list, kill: bool):
+        """One beam search for every running environment of every worker, in worker order. A planner that dies
+        is restarted by Ray and asked again. -> (one actions ref per worker, how often the planner died)."""
+        ray, deaths = self.ray, 0
+        for attempt in range(MAX_ATTEMPTS + 1):
+            action_refs = self.planner.plan.options(num_returns=len(obs_refs)).remote(planner, kill, *obs_refs)
+            action_refs = action_refs if len(obs_refs) > 1 else [action_refs]
+            try:
+                ray.wait(action_refs, num_returns=len(action_refs))
+                ray.get(action_refs[0])
+                return action_refs, deaths
+            except ray.exceptions.RayActorError:
+                deaths += 1  # the planner died: Ray restarts it, and we ask again
+                if attempt == MAX_ATTEMPTS:
+                    raise DistributedError(f"the planner actor died {MAX_ATTEMPTS + 1} times") from None
+                self._wait_restarted(self.planner)
+                kill = False  # the test hook kills it once
 
 def _record(p, ret, length, returns, lengths, done, seeds) -> None:
     """Store episode p's result: exactly once."""

@@ -33,29 +33,27 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from . import data as ttdata
 from . import validate
 from .attention import KVCache
 from .model import Block, TrajectoryGPT
-from .rollout import EvalResult, check_action_space, check_env, check_episodes, make_env
+from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
 from .train import (
     CheckpointError,
-    check_resume,
+    RunConfig,
     dataset_summary,
     default_checkpoint,
+    fit,
+    load_and_split,
     load_weights,
+    model_config_from,
     pick_device,
     read_checkpoint,
-    run_loop,
-    save_checkpoint,
-    split_episodes,
-    subset,
+    start_training,
 )
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
@@ -215,8 +213,7 @@ class Windows:
 
 
 @dataclass
-class DTTrainConfig:
-    dataset: str = ttdata.DEFAULT_DATASET  # dataset id (see ttlib.data.load)
+class DTTrainConfig(RunConfig):
     context: int = 20  # K, in triples
     n_layer: int = 3  # transformer blocks
     n_head: int = 1  # attention heads
@@ -226,23 +223,14 @@ class DTTrainConfig:
     max_timestep: int = 1000  # timestep embedding rows (the environment's episode limit)
     batch_size: int = 32  # windows per step
     steps: int = 1000  # optimiser steps in total (a few minutes on a CPU)
-    lr: float = 6e-4  # peak learning rate
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 200  # linear warmup from 0 to lr
     weight_decay: float = 1e-4  # AdamW decay on weight matrices
     grad_clip: float = 0.25  # clip the gradient's global norm to this
-    val_fraction: float = 0.05  # share of episodes held out for validation
-    eval_every: int = 250  # steps between validation losses
-    eval_batches: int = 10  # batches per validation estimate
-    seed: int = 0  # seeds the split, initial weights and batch order
-    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
 
     def model_config(self, obs_dim: int, act_dim: int, action_bounds=None) -> DTConfig:
         """action_bounds: (low, high) lists the actions span, None for [-1, 1] (validate.action_bounds)."""
         low, high = action_bounds if action_bounds is not None else (None, None)
-        return DTConfig(obs_dim=obs_dim, act_dim=act_dim, context=self.context, n_layer=self.n_layer,
-                        n_head=self.n_head, n_embd=self.n_embd, max_timestep=self.max_timestep,
-                        dropout=self.dropout, rtg_scale=self.rtg_scale, action_low=low, action_high=high)
+        return model_config_from(self, DTConfig, obs_dim=obs_dim, act_dim=act_dim, action_low=low, action_high=high)
 
 
 @dataclass
@@ -260,43 +248,22 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
     config = config or DTTrainConfig()
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
-    data = data if data is not None else ttdata.load(config.dataset, progress=progress)
-    validate.check_trainable(data)
-    train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
-    train_data = subset(data, train_eps)
+    data, train_data, val_data = load_and_split(config, data, 0.99, progress)  # (values unused: 0.99, load's default)
     model = DecisionTransformer(config.model_config(data.obs_dim, data.act_dim, validate.action_bounds(data)))
     states = np.concatenate(train_data.observations)  # (N, obs) statistics of the training episodes only
     model.set_obs_stats(states.mean(0), states.std(0))
     model = model.to(device)
-    optimizer = torch.optim.AdamW(model.optimizer_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(config.seed)
-    start, history = 0, []
-    if resume is not None:
-        payload = read_checkpoint(resume, kind=KIND)
-        check_resume(config, payload, resume)
-        load_weights(model, payload["model"], source=resume)
-        start, history = payload["step"], list(payload["history"])
-        if "optimizer" in payload:
-            optimizer.load_state_dict(payload["optimizer"])
-        if "generator" in payload:
-            generator.set_state(payload["generator"])
+    state, _ = start_training(model, config, resume, kind=KIND)
 
-    train_windows, val_windows = Windows(train_data, config.context), Windows(subset(data, val_eps), config.context)
+    train_windows, val_windows = Windows(train_data, config.context), Windows(val_data, config.context)
     val_generator = torch.Generator().manual_seed(config.seed + 1)
-    summary = dataset_summary(data)
-
-    def checkpoint(step):
-        if out is not None:
-            save_checkpoint(out, model, None, dataset=summary, train_config=asdict(config), step=step,
-                            history=history, optimizer=optimizer, generator=generator, kind=KIND)
-
     t0 = time.perf_counter()
-    tokens_per_second = run_loop(
-        model, optimizer, config, lambda: train_windows.sample(config.batch_size, generator, device),
+    tokens_per_second = fit(
+        model, None, config, state, dataset_summary(data),
+        lambda: train_windows.sample(config.batch_size, state.generator, device),
         (lambda: val_windows.sample(config.batch_size, val_generator, device)) if len(val_windows) else None,
-        history, start=start, checkpoint=checkpoint, tokens_per_step=config.batch_size * 3 * config.context,
-        progress=progress)
-    return DTTrainResult(model, history, tokens_per_second, time.perf_counter() - t0)
+        out=out, kind=KIND, tokens_per_step=config.batch_size * 3 * config.context, progress=progress)
+    return DTTrainResult(model, state.history, tokens_per_second, time.perf_counter() - t0)
 
 
 def load_checkpoint(path: str | None = None, device: str = "auto"):
@@ -392,51 +359,36 @@ def evaluate(model: DecisionTransformer, env_id: str, seeds, target_return: floa
     """
     seeds = [int(s) for s in seeds]
     check_episodes(seeds, n_envs, max_steps)
-    t0 = time.perf_counter()
-    wave = (n_envs or len(seeds)) if vectorized else 1
-    returns, lengths, frames = [], [], []
-    bar = tqdm(total=len(seeds), desc="episodes", unit="ep", disable=not progress)
-    for start in range(0, len(seeds), wave):
-        group = seeds[start:start + wave]
-        r, n, f = _run_wave(model, env_id, env_kwargs, group, target_return, max_steps, use_cache, keep,
-                            record and start == 0, bar)
-        returns, lengths, frames = returns + r, lengths + n, frames + f
-    bar.close()
-    return EvalResult(seeds, np.array(returns), np.array(lengths), time.perf_counter() - t0, frames=frames)
+
+    def play(group, first, bar):
+        return _run_wave(model, env_id, env_kwargs, group, target_return, max_steps, use_cache, keep,
+                         record and first, bar)
+
+    return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
 
 
-def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_cache, keep, record, bar):
-    E = len(seeds)
-    env_fns = [lambda: make_env(env_id, env_kwargs, "rgb_array" if record else None) for _ in range(E)]
-    envs = gym.vector.SyncVectorEnv(env_fns)
+def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_cache, keep, record, bar) -> Episodes:
+    """Episodes for `seeds`, stepped together in one vector environment (rollout.EpisodeBatch, no planner)."""
+    batch = EpisodeBatch(env_id, seeds, None, 0, env_kwargs, max_steps, render=record)
     try:
-        check_env(envs.single_observation_space, envs.single_action_space, model)
-        check_action_space(envs.single_action_space, *model.action_range(), "this Decision Transformer")
-        low, high = envs.single_action_space.low, envs.single_action_space.high
-        obs, _ = envs.reset(seed=seeds)
-        agent = DTAgent(model, target_return, E, use_cache=use_cache, keep=keep)
-        returns, lengths = np.zeros(E), np.zeros(E, dtype=int)
-        active = np.arange(E)  # environments still running, in the agent's row order
+        space = batch.envs.single_action_space
+        check_env(batch.envs.single_observation_space, space, model)
+        check_action_space(space, *model.action_range(), "this Decision Transformer")
+        batch.reset()
+        agent = DTAgent(model, target_return, len(seeds), use_cache=use_cache, keep=keep)
         frames = []
-        while len(active):
-            if record and active[0] == 0:
-                frames.append(envs.envs[0].render())
-            actions = np.zeros((E, *envs.single_action_space.shape), dtype=np.float32)
-            actions[active] = np.clip(agent.act(obs[active]), low, high)
-            obs, reward, terminated, truncated, _ = envs.step(actions)
-            agent.observe(reward[active])
-            returns[active] += reward[active]
-            lengths[active] += 1
-            done = terminated[active] | truncated[active]
-            if max_steps is not None:
-                done |= lengths[active] >= max_steps
-            if done.any():
-                bar.update(int(done.sum()))
-                active = active[~done]
-                agent.keep_rows(np.flatnonzero(~done))
-        return list(returns), list(lengths), frames
+        while batch.running.any():
+            active = np.flatnonzero(batch.running)  # the agent's rows, in this order
+            if record and batch.running[0]:
+                frames.append(batch.render_first())
+            ended = batch.act(agent.act(batch.obs[active]))
+            agent.observe(batch.reward[active])
+            if len(ended):
+                bar.update(len(ended))
+                agent.keep_rows(np.flatnonzero(batch.running[active]))
+        return Episodes(list(batch.returns), list(batch.lengths), frames=frames)
     finally:
-        envs.close()
+        batch.close()
 
 
 def default_target(info: dict) -> float:

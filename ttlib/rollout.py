@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .fast_decoder import BufferPool
 from .files import atomic_path
 from .model import TrajectoryGPT
 from .planning import Plan, PlannerConfig, beam_plan, check_fits
@@ -150,20 +151,34 @@ def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, 
     check_episodes(seeds, n_envs, max_steps)
     planner.validate()
     check_fits(model, planner.context, planner.horizon)
+
+    def play(group, first, bar):
+        return _run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and vectorized,
+                         max_steps, record and first, bar)
+
+    return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
+
+
+@dataclass
+class Episodes:
+    """What a group of episodes played together gives back, in the order of its seeds."""
+    returns: list[float]  # undiscounted return of every episode
+    lengths: list[int]  # steps of every episode
+    clipped: int = 0  # observation entries outside the tokenizer's range (clipped)
+    frames: list = field(default_factory=list)  # rgb frames of the group's first episode, if recorded
+    plans: list = field(default_factory=list)  # (step, Plan) of the group's first episode, if recorded
+
+
+def play_in_waves(seeds: list[int], wave: int, play, progress: bool) -> EvalResult:
+    """Play `seeds` in groups of `wave`, each with play(group, first group?, progress bar) -> Episodes, and
+    gather one EvalResult. The Trajectory Transformer (here) and the Decision Transformer (ttlib.dt) share it."""
     t0 = time.perf_counter()
-    wave = (n_envs or len(seeds)) if vectorized else 1
     returns, lengths, clipped, frames, plans = [], [], 0, [], []
     bar = tqdm(total=len(seeds), desc="episodes", unit="ep", disable=not progress)
     for start in range(0, len(seeds), wave):
-        group = seeds[start:start + wave]
-        rec = record and start == 0
-        r, n, c, f, p = _run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and
-                                  vectorized, max_steps, rec, bar)
-        returns += r
-        lengths += n
-        clipped += c
-        frames += f
-        plans += p
+        done = play(seeds[start:start + wave], start == 0, bar)
+        returns, lengths, clipped = returns + done.returns, lengths + done.lengths, clipped + done.clipped
+        frames, plans = frames + done.frames, plans + done.plans
     bar.close()
     return EvalResult(seeds, np.array(returns), np.array(lengths), time.perf_counter() - t0, clipped, frames, plans)
 
@@ -193,7 +208,7 @@ class EpisodeBatch:
     environment worker (`ttlib.distributed`), so both step episodes exactly alike.
     """
 
-    def __init__(self, env_id: str, seeds, tokenizer: TrajectoryTokenizer, context: int,
+    def __init__(self, env_id: str, seeds, tokenizer: TrajectoryTokenizer | None, context: int,
                  env_kwargs: dict | None = None, max_steps: int | None = None, asynchronous: bool = False,
                  render: bool = False):
         self.seeds = [int(s) for s in seeds]
@@ -202,8 +217,9 @@ class EpisodeBatch:
         env_fns = [lambda: make_env(env_id, env_kwargs, render_mode) for _ in range(E)]
         self.envs = gym.vector.AsyncVectorEnv(env_fns) if asynchronous else gym.vector.SyncVectorEnv(env_fns)
         self.asynchronous, self.max_steps = asynchronous, max_steps
-        self.contexts = Contexts(tokenizer, E, context)
+        self.contexts = Contexts(tokenizer, E, context) if tokenizer is not None else None  # None: no planner
         self.returns, self.lengths = np.zeros(E), np.zeros(E, dtype=int)
+        self.reward = np.zeros(E)  # every environment's reward of the last step
         self.running = np.ones(E, dtype=bool)
         self.step = 0  # decisions taken so far (the same for every running environment)
         self.obs = None
@@ -226,8 +242,9 @@ class EpisodeBatch:
         full = np.zeros((len(self.seeds), *space.shape), dtype=np.float32)
         full[active] = np.clip(np.asarray(actions), space.low, space.high)
         next_obs, reward, terminated, truncated, _ = self.envs.step(full)
-        for e in active:
+        for e in active if self.contexts is not None else ():
             self.contexts.append(e, self.obs[e], full[e], reward[e])
+        self.reward = reward
         ended = record_step(self.returns, self.lengths, self.running, reward, terminated, truncated, self.max_steps)
         self.obs = next_obs
         self.step += 1
@@ -248,16 +265,17 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
         batch.reset()
         frames, plans = [], []
         device = model.pos_emb.device
+        buffers = BufferPool()  # the cache's buffers, kept from one plan to the next
         while batch.running.any():
             first = record and batch.running[0]
             if first:
                 frames.append(batch.render_first())
             _, prefix, keys = batch.observe()
-            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner)
+            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers)
             if first:
                 plans.append((batch.step, _row(plan, 0)))
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))
-        return list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans
+        return Episodes(list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans)
     finally:
         batch.close()
 

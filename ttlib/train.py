@@ -43,8 +43,20 @@ RESUMABLE = ("steps", "device", "eval_every", "eval_batches")
 
 
 @dataclass
-class TrainConfig:
+class RunConfig:
+    """The settings every model ttlib trains shares (the Trajectory GPT here, the Decision Transformer in dt)."""
     dataset: str = ttdata.DEFAULT_DATASET  # dataset id (see ttlib.data.load)
+    lr: float = 6e-4  # peak learning rate
+    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    val_fraction: float = 0.05  # share of episodes held out for validation
+    eval_every: int = 250  # steps between validation losses
+    eval_batches: int = 10  # batches per validation estimate
+    seed: int = 0  # seeds the split, initial weights and batch order
+    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
+
+
+@dataclass
+class TrainConfig(RunConfig):
     gamma: float = 0.99  # discount of the value targets
     n_bins: int = 100  # bins per dimension
     strategy: str = "quantile"  # bin placement: "quantile" or "uniform"
@@ -55,21 +67,19 @@ class TrainConfig:
     dropout: float = 0.1  # dropout during training (three passes over the data: enough to start overfitting)
     batch_size: int = 64  # windows per step
     steps: int = 5400  # optimiser steps in total (about three passes over the course data)
-    lr: float = 6e-4  # peak learning rate
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 100  # linear warmup from 0 to lr
     weight_decay: float = 0.1  # AdamW decay on weight matrices
     grad_clip: float = 1.0  # clip the gradient's global norm to this
-    val_fraction: float = 0.05  # share of episodes held out for validation
-    eval_every: int = 250  # steps between validation losses
-    eval_batches: int = 10  # batches per validation estimate
-    seed: int = 0  # seeds the split, initial weights and batch order
-    device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
 
     def model_config(self, obs_dim: int, act_dim: int) -> GPTConfig:
-        return GPTConfig(obs_dim=obs_dim, act_dim=act_dim, n_bins=self.n_bins, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, n_transitions=self.n_transitions,
-                         dropout=self.dropout)
+        return model_config_from(self, GPTConfig, obs_dim=obs_dim, act_dim=act_dim)
+
+
+def model_config_from(config, model_class, **from_data):
+    """The model's config a training config asks for: every field of `model_class` that the training config has
+    too (n_layer, n_embd, dropout, ...), plus the ones the data decide (`from_data`: obs_dim, act_dim, ...)."""
+    shared = {f.name: getattr(config, f.name) for f in fields(model_class) if hasattr(config, f.name)}
+    return model_class(**{**shared, **from_data})
 
 
 @dataclass
@@ -241,12 +251,6 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
 
 # ---- the loop -----------------------------------------------------------------------------------------------
 @torch.no_grad()
-def estimate_loss(model, bins, mask, config, generator, device) -> float:
-    return validation_loss(model, lambda: get_batch(bins, mask, config.batch_size, generator, device),
-                           config.eval_batches)
-
-
-@torch.no_grad()
 def validation_loss(model, next_batch, n_batches: int) -> float:
     """Mean loss of `model(*next_batch())` over n_batches batches, in eval mode."""
     model.eval()
@@ -262,44 +266,74 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     config = config or TrainConfig()
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
-    data = data if data is not None else ttdata.load(config.dataset, gamma=config.gamma, progress=progress)
-    validate.check_trainable(data)
-    train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
-    train_data = subset(data, train_eps)
+    data, train_data, val_data = load_and_split(config, data, config.gamma, progress)
     tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.n_bins, config.strategy)
     model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device)
-    optimizer = torch.optim.AdamW(model.optimizer_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(config.seed)
-    start, history = 0, []
-    if resume is not None:
-        payload = read_checkpoint(resume)
-        check_resume(config, payload, resume)
-        load_weights(model, payload["model"], source=resume)
-        tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])
-        start, history = payload["step"], list(payload["history"])
-        if "optimizer" in payload:
-            optimizer.load_state_dict(payload["optimizer"])
-        if "generator" in payload:
-            generator.set_state(payload["generator"])
+    state, payload = start_training(model, config, resume, kind="trajectory-gpt")
+    if payload is not None:
+        tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])  # the windows need the saved bins
 
     train_bins, train_mask = window_tokens(train_data, tokenizer, config.n_transitions)
-    val_bins, val_mask = window_tokens(subset(data, val_eps), tokenizer, config.n_transitions)
+    val_bins, val_mask = window_tokens(val_data, tokenizer, config.n_transitions)
     val_generator = torch.Generator().manual_seed(config.seed + 1)
-    summary = dataset_summary(data)
-
-    def checkpoint(step):
-        if out is not None:
-            save_checkpoint(out, model, tokenizer, dataset=summary, train_config=asdict(config), step=step,
-                            history=history, optimizer=optimizer, generator=generator)
 
     def next_val_batch():
         return get_batch(val_bins, val_mask, config.batch_size, val_generator, device)
 
-    tokens_per_second = run_loop(
-        model, optimizer, config, lambda: get_batch(train_bins, train_mask, config.batch_size, generator, device),
-        next_val_batch if len(val_bins) else None, history, start=start, checkpoint=checkpoint,
+    tokens_per_second = fit(
+        model, tokenizer, config, state, dataset_summary(data),
+        lambda: get_batch(train_bins, train_mask, config.batch_size, state.generator, device),
+        next_val_batch if len(val_bins) else None, out=out, kind="trajectory-gpt",
         tokens_per_step=config.batch_size * (train_bins.shape[1] - 1), progress=progress)
-    return TrainResult(model, tokenizer, history, tokens_per_second)
+    return TrainResult(model, tokenizer, state.history, tokens_per_second)
+
+
+def load_and_split(config, data: ttdata.OfflineDataset | None, gamma: float, progress: bool):
+    """The dataset (loaded unless given), checked, and split by config.seed -> (data, training, validation)."""
+    data = data if data is not None else ttdata.load(config.dataset, gamma=gamma, progress=progress)
+    validate.check_trainable(data)
+    train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
+    return data, subset(data, train_eps), subset(data, val_eps)
+
+
+@dataclass
+class TrainingState:
+    """What a run carries from one step to the next and saves in its checkpoints, so `resume` can go on."""
+    optimizer: torch.optim.Optimizer  # AdamW, with its moment estimates
+    generator: torch.Generator  # draws the training batches
+    step: int = 0  # the first step still to run
+    history: list[dict] = field(default_factory=list)  # one row per evaluation (see run_loop)
+
+
+def start_training(model: torch.nn.Module, config, resume: str | None, kind: str) -> tuple[TrainingState, dict | None]:
+    """A fresh optimiser and batch generator, or, with `resume`, the ones its checkpoint saved (and its weights
+    loaded into `model`). -> (state, the checkpoint's payload or None)."""
+    optimizer = torch.optim.AdamW(model.optimizer_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
+    state = TrainingState(optimizer, torch.Generator().manual_seed(config.seed))
+    if resume is None:
+        return state, None
+    payload = read_checkpoint(resume, kind=kind)
+    check_resume(config, payload, resume)
+    load_weights(model, payload["model"], source=resume)
+    state.step, state.history = payload["step"], list(payload["history"])
+    if "optimizer" in payload:
+        optimizer.load_state_dict(payload["optimizer"])
+    if "generator" in payload:
+        state.generator.set_state(payload["generator"])
+    return state, payload
+
+
+def fit(model, tokenizer, config, state: TrainingState, summary: dict, next_batch, next_val_batch, *,
+        out: str | None, kind: str, tokens_per_step: int, progress: bool) -> float:
+    """run_loop from `state`, writing a resumable checkpoint to `out` (if given) at every evaluation.
+    Returns the training throughput in tokens per second."""
+    def checkpoint(step):
+        if out is not None:
+            save_checkpoint(out, model, tokenizer, dataset=summary, train_config=asdict(config), step=step,
+                            history=state.history, optimizer=state.optimizer, generator=state.generator, kind=kind)
+
+    return run_loop(model, state.optimizer, config, next_batch, next_val_batch, state.history, start=state.step,
+                    checkpoint=checkpoint, tokens_per_step=tokens_per_step, progress=progress)
 
 
 def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list, *, start: int = 0,
