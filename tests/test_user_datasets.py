@@ -269,6 +269,18 @@ def test_datasets_lists_a_broken_dataset_with_its_fix(minari_root):
     assert any(line.startswith("user/fine-v0") and "60 steps" in line for line in result.stdout.splitlines())
 
 
+def test_a_dataset_from_a_newer_minari_says_so(minari_root, tmp_path):
+    """Not broken, just newer than this Minari reads: say which version wrote it and how to get on."""
+    pendulum_dataset("user/future-v0")
+    metadata_file = minari_root / "user/future-v0/data/metadata.json"
+    metadata = json.loads(metadata_file.read_text())
+    metadata["minari_version"] = "99.0.0"
+    metadata_file.write_text(json.dumps(metadata))
+    result = ttlib("train", "--dataset", "user/future-v0", "--out", str(tmp_path / "x.pt"), *TINY_TT)
+    one_line_error(result, "was written by Minari 99.0.0", f"this Minari {minari.__version__} cannot read",
+                   "pip install -U minari")
+
+
 @pytest.mark.parametrize("model", [TINY_TT, TINY_DT], ids=["tt", "dt"])
 def test_a_dataset_too_small_to_validate_on(model, minari_root, tmp_path):
     pendulum_dataset("user/one-v0", episodes=1, steps=4)

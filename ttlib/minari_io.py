@@ -182,10 +182,17 @@ def download(dataset_id: str) -> None:
 def read_episodes(dataset_id: str, path: Path) -> dict:
     """Read every episode of a local Minari dataset: the fields of an OfflineDataset but gamma and values."""
     metadata = read_metadata(dataset_id, path)
+    written_by = metadata.get("minari_version")
     try:
         minari_dataset = minari.load_dataset(dataset_id)
         episodes = list(minari_dataset.iterate_episodes())
     except Exception as error:  # truncated or missing data file, broken metadata, unsupported Minari version
+        if written_by and written_by not in minari.supported_dataset_versions:  # not broken: just newer
+            fix = "upgrade Minari (pip install -U minari)"
+            if dataset_id in OWN_DATASETS:
+                fix += ", or " + REBUILD_HINT.format(id=dataset_id)
+            raise DatasetError(f"local dataset {dataset_id} at {path} was written by Minari {written_by}, which "
+                               f"this Minari {minari.__version__} cannot read; {fix}") from None
         raise _corrupt(dataset_id, path, f"{type(error).__name__}: {error}") from None
     n_steps = sum(len(episode) for episode in episodes)
     if len(episodes) != metadata.get("total_episodes") or n_steps != metadata.get("total_steps"):
