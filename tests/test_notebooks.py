@@ -549,6 +549,15 @@ def test_check_close_explains_shapes_values_and_none():
     assert "[1]" in failure(checks.check_close, (np.ones(2), np.ones(1)), (np.ones(2), np.zeros(1)))
 
 
+def test_check_messages_tell_close_values_apart_and_hint_only_when_it_fits():
+    # a constant column's edge off by 1e-6: the message shows the digits that differ, not "expected 3, got 3"
+    message = failure(checks.check_close, np.array([3.0]), np.array([3.000001]), "edges", atol=1e-12)
+    assert "expected 3.000001, got 3." in message and "expected 3, got 3" not in message
+    # two empty tensors of different shapes: no reshape hint (there is nothing to reshape)
+    message = failure(checks.check_close, torch.ones(0, 3), torch.ones(3, 0))
+    assert "shape (0, 3) but should have shape (3, 0)" in message and "reshape" not in message
+
+
 def test_check_equal_arrays_and_check_shape():
     assert "1 of 3 entries differ" in failure(checks.check_equal_arrays, np.array([1, 2, 3]), np.array([1, 2, 4]))
     checks.check_shape(torch.ones(2, 5), (2, None))

@@ -54,6 +54,16 @@ def _fmt(value) -> str:
     return f"{float(value):.6g}"
 
 
+def _fmt_pair(expected, got) -> tuple[str, str]:
+    """Both values, with as many digits as it takes to tell them apart (3 vs 3.000001, not 3 vs 3)."""
+    e, g = _fmt(expected), _fmt(got)
+    for digits in (10, 17):
+        if e != g:
+            break
+        e, g = f"{float(expected):.{digits}g}", f"{float(got):.{digits}g}"
+    return e, g
+
+
 def _index(flat: int, shape: tuple) -> tuple:
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
 
@@ -65,7 +75,7 @@ def _fmt_shape(shape: tuple) -> str:
 
 def _shape_message(name: str, got: tuple, expected: tuple) -> str:
     message = f"{name} has shape {_fmt_shape(got)} but should have shape {_fmt_shape(expected)}."
-    if None not in expected and int(np.prod(got)) == int(np.prod(expected)):
+    if None not in expected and int(np.prod(got)) == int(np.prod(expected)) > 0:
         message += " Same number of entries, so a reshape, transpose or view is probably missing or wrong."
     elif len(got) != len(expected):
         message += f" It has {len(got)} axes instead of {len(expected)}: an axis is missing or extra."
@@ -82,7 +92,7 @@ def _pair(got, expected, name: str):
 
 def _mismatch_message(name: str, bad: np.ndarray, g: np.ndarray, e: np.ndarray, what: str) -> str:
     flat = np.flatnonzero(bad)
-    examples = "; ".join(f"at {_index(i, g.shape)} expected {_fmt(e.flat[i])}, got {_fmt(g.flat[i])}"
+    examples = "; ".join("at {} expected {}, got {}".format(_index(i, g.shape), *_fmt_pair(e.flat[i], g.flat[i]))
                          for i in flat[:_SHOW])
     return f"{name}: {len(flat)} of {g.size} entries {what}. First: {examples}."
 
@@ -121,8 +131,9 @@ def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: f
     finite = np.where(bad & np.isfinite(diff), diff, -1.0)
     if finite.max() >= 0:
         worst = int(finite.argmax())
+        e_worst, g_worst = _fmt_pair(e.flat[worst], g.flat[worst])
         message += (f" Largest absolute difference: {finite.flat[worst]:.3g} at {_index(worst, g.shape)} "
-                    f"(expected {_fmt(e.flat[worst])}, got {_fmt(g.flat[worst])}).")
+                    f"(expected {e_worst}, got {g_worst}).")
     if np.isnan(g).any() and not np.isnan(e).any():
         message += (f" Your {name} contains NaN, which usually comes from 0/0, inf - inf, or a softmax over a row "
                     "whose entries are all -inf (every key masked).")
