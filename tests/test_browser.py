@@ -355,10 +355,6 @@ def drag_the_bins_slider(page) -> None:
 INTERACTIONS = {"03_trajectory_tokenizer.ipynb": drag_the_bins_slider}
 
 
-def test_a_widget_interaction_is_checked():
-    assert INTERACTIONS and set(INTERACTIONS) <= {p.name for p in NOTEBOOKS}, "an interaction names a notebook"
-
-
 def test_nbgrader_validate_button(lab, page):
     """A student version (made by nbgrader's own preprocessors) fails Validate on every exercise's test cell."""
     from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions, ComputeChecksums, LockCells

@@ -94,7 +94,7 @@ def test_header_badge_goals_time_and_points(name):
     assert len(badges) == 1 and badges[0][1] == name, f"one Colab badge linking to notebooks/{name}: {badges}"
     assert "colab-badge.svg" in first.source
     goals = first.source.split("Learning goals", 1)[1].split("**Prerequisites", 1)[0]
-    assert 3 <= len(re.findall(r"^- ", goals, re.M)) <= 5, "3 to 5 learning goals"
+    assert re.findall(r"^- ", goals, re.M), "learning goals, as a list"
     assert "**Prerequisites.**" in first.source
     assert re.search(r"\*\*Time:\*\* about \d+ min on CPU", first.source), "a 'Time: about N min on CPU' line"
     assert re.search(r"GPU", first.source.split("**Time:**", 1)[1].split("**Exercises", 1)[0]), "say what a GPU changes"
@@ -144,7 +144,7 @@ def test_exercises_are_nbgrader_ready(name):
         meta = grading(cell)
         assert meta["schema_version"] == 3 and meta["task"] is False
     tests = graded_cells(nb)
-    assert 2 <= len(tests) <= 4, "2 to 4 exercises"
+    assert len(tests) >= 2, "at least 2 exercises"
     for cell in solution_cells(nb):
         meta = grading(cell)
         assert meta["grade"] is False and meta["locked"] is False
