@@ -10,10 +10,11 @@ c.CourseDirectory.course_id = "trajectory-transformer"
 c.CourseDirectory.root = os.path.abspath(os.environ.get("TTLIB_COURSE_DIR")
                                          or os.path.join(os.path.dirname(os.path.abspath(__file__)), "grading"))
 
-# Autograding runs each notebook top to bottom, with ttlib.grade_plugins.BoundedExecute in place of nbgrader's Execute:
+# Autograding runs each notebook top to bottom, with ttlib.tools.grade_plugins.BoundedExecute in place of nbgrader's
+# Execute:
 # - a cell that runs longer than Execute.timeout (seconds) is interrupted and counts as an error, so a submission
 #   that loops forever loses that exercise and grading goes on. With TTLIB_FAST=1 (as the README grades) the slowest
-#   cell, notebook 05's evaluation, takes about 90 s on a 2-core CPU (notebook 04's live training: 4 minutes
+#   cell, notebook 05's evaluation, takes about 90 s on a 2-core CPU (notebook 03's live training: 4 minutes
 #   without TTLIB_FAST, 30 s with it);
 # - the whole notebook gets BoundedExecute.notebook_timeout seconds, kernel start included: each cell may use at most
 #   what is left, and the cells after the limit are not run (their tests score 0). A submission whose looping
@@ -25,7 +26,7 @@ c.Execute.timeout = 300
 c.BoundedExecute.notebook_timeout = 600
 c.BoundedExecute.memory_limit = 6 * 2**30
 c.Autograde.autograde_preprocessors = [
-    "ttlib.grade_plugins.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
+    "ttlib.tools.grade_plugins.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
@@ -34,7 +35,7 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 # A deleted test cell is put back before grading (and reported by `ttlib grade collect`): deleting it gains nothing.
-# ttlib.grade_plugins.OverwriteCells is nbgrader's, with a log that warns only about test cells a student edited
+# ttlib.tools.grade_plugins.OverwriteCells is nbgrader's, with a log that warns only about test cells a student edited
 # (nbgrader's own warns "checksum has changed" for every test cell of every student: its hidden tests differ from
 # the release).
 c.OverwriteCells.add_missing_cells = True
@@ -42,13 +43,13 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec",
-    "ttlib.grade_plugins.OverwriteCells",
+    "ttlib.tools.grade_plugins.OverwriteCells",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 # Feedback shows a student their own results: no hidden tests (nor the traceback lines quoting them), and no errors
-# of demo cells that are not theirs to fix (ttlib.grade_plugins.StudentFeedback).
+# of demo cells that are not theirs to fix (ttlib.tools.grade_plugins.StudentFeedback).
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
-    "ttlib.grade_plugins.StudentFeedback",
+    "ttlib.tools.grade_plugins.StudentFeedback",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

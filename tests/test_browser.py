@@ -12,7 +12,7 @@ clicks Run > Run All Cells, waits until every code cell has run, saves it, and c
 - every image on the page has loaded (the plots).
 
 A screenshot of each notebook goes to artifacts/browser/. One interaction is checked end to end (drag notebook
-03's bins slider: the kernel redraws, the plot changes), and nbgrader's Validate button is clicked on a student
+02's bins slider: the kernel redraws, the plot changes), and nbgrader's Validate button is clicked on a student
 version made here by nbgrader's own preprocessors: the dialog must list the exercises' failing test cells.
 
 Needs the `chromium` command (Debian: `apt-get install -y chromium`; .ci/run installs it). Without it these tests
@@ -324,7 +324,7 @@ def test_notebook_runs_in_jupyterlab(notebook, lab, page):
 
 
 def drag_the_bins_slider(page) -> None:
-    """Notebook 03's bins slider: drag it to few bins, the kernel redraws the histogram with other bin edges."""
+    """Notebook 02's bins slider: drag it to few bins, the kernel redraws the histogram with other bin edges."""
     bins = page.locator(".widget-slider", has=page.locator(".widget-label", has_text="bins"))
     explorer = page.locator(f"{NOTEBOOK} .jp-OutputArea-output", has=bins)  # the cell's output: sliders + plot
     slider = explorer.locator(".widget-slider", has=page.locator(".widget-label", has_text="bins"))
@@ -347,12 +347,12 @@ def drag_the_bins_slider(page) -> None:
         time.sleep(0.3)
     after_value = int(readout.inner_text())
     assert 5 <= after_value < 50, f"the slider should have moved to few bins, reads {after_value}"
-    explorer.screenshot(path=str(ARTIFACTS / f"03_bins_slider_at_{after_value}.png"))
+    explorer.screenshot(path=str(ARTIFACTS / f"02_bins_slider_at_{after_value}.png"))
     assert page.evaluate(PAGE_STATE)["tracebacks"] == []
 
 
 # a widget used end to end, after the notebook has run (in the same page, so the notebook runs once)
-INTERACTIONS = {"03_trajectory_tokenizer.ipynb": drag_the_bins_slider}
+INTERACTIONS = {"02_trajectory_tokenizer.ipynb": drag_the_bins_slider}
 
 
 def test_nbgrader_validate_button(lab, page):

@@ -12,10 +12,10 @@ for each exercise (`EXPECTED`, checked cell by cell in the gradebook):
 - "bug" hands in every other graded notebook with one realistic bug in one exercise: it loses that exercise only;
 - on notebook 01 (cheap) four students each make one mistake that used to cost two exercises (the multi-head test
   ran the student's own attention and mask) or that only the multi-head test can see;
-- on notebook 03 (cheap, its three exercises independent) students hand in a partly correct notebook, one whose
+- on notebook 02 (cheap, its three exercises independent) students hand in a partly correct notebook, one whose
   exercise raises, one whose decode loops forever (and a later cell calls it again), one with an edited and one with
   a deleted test cell, an encode that is wrong only on bin edges, quantile edges without their monotonicity fix, and
-  a decode that hogs memory. Notebook 03 is graded with short limits (CELL_TIMEOUT a cell, NOTEBOOK_TIMEOUT for the
+  a decode that hogs memory. Notebook 02 is graded with short limits (CELL_TIMEOUT a cell, NOTEBOOK_TIMEOUT for the
   whole notebook, MEMORY_GB for its kernel), so the loop and the hog cost seconds.
 `test_the_class_table` prints the table: student, notebook, expected, got, grading time.
 """
@@ -36,14 +36,15 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.utils import compute_checksum
 
-from ttlib import cli, grade
+from ttlib import cli
+from ttlib.tools import grade
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 STUDENT = NOTEBOOKS / "student"
 GRADED = [p.stem for p in grade.graded_notebooks(NOTEBOOKS)]
 ATTENTION = "01_attention"
-CHEAP = "03_trajectory_tokenizer"  # the notebook the special cases are graded on
+CHEAP = "02_trajectory_tokenizer"  # the notebook the special cases are graded on
 BEAM = "05_beam_search"
 CELL_TIMEOUT = 20  # seconds per cell when grading CHEAP; its slowest cell (the imports) takes about 5 s
 NOTEBOOK_TIMEOUT = 35  # seconds for a whole CHEAP submission; a correct one takes about 15 s
@@ -132,8 +133,8 @@ HOGGING_DECODE = '''def decode(bins, edges):
 BUGS = {
     "00_offline_rl_as_sequence_modeling": ("00-discounted-values", "values[t] = rewards[t + 1]",
                                            "values[t] = rewards[t]"),  # its own reward included
-    "02_kv_cache": ("02-cache-bytes", "return 2 * n_layer", "return n_layer"),  # K or V forgotten
-    "04_trajectory_gpt": ("04-token-ids", "(positions % transition_dim)", "((positions + 1) % transition_dim)"),
+    "04_kv_cache": ("04-cache-bytes", "return 2 * n_layer", "return n_layer"),  # K or V forgotten
+    "03_trajectory_gpt": ("03-token-ids", "(positions % transition_dim)", "((positions + 1) % transition_dim)"),
     BEAM: ("05-sample-bins", "logits < kth", "logits <= kth"),  # top-k drops the k-th largest
     "06_vectorized_rollouts": ("06-record-step", "lengths[running] += 1", "lengths += 1"),  # finished ones too
     "07_scaling_out_with_ray": ("07-split", "i < n_episodes % n_slices", "i <= n_episodes % n_slices"),
@@ -149,17 +150,17 @@ ATTENTION_BUGS = {
 
 
 def cheap_submissions():
-    """Notebook 03 as its special students hand it in (exercises: 03-uniform, 03-quantile, 03-decode)."""
-    partial = answered(CHEAP, {"03-uniform": None, "03-quantile": WRONG_QUANTILES})  # decode left undone
-    raises = answered(CHEAP, {"03-uniform": None, "03-quantile": RAISING_QUANTILES, "03-decode": None})
-    loops = answered(CHEAP, {"03-uniform": None, "03-quantile": None, "03-decode": LOOPING_DECODE})
-    hog = answered(CHEAP, {"03-uniform": None, "03-quantile": None, "03-decode": HOGGING_DECODE})
-    edited = answered(CHEAP, {"03-quantile": None, "03-decode": None})  # uniform left undone, its test "fixed":
-    cell(edited, "03-uniform-test").source = 'print("Exercise 1 passed: your uniform tokenizer is ttlib\'s.")'
-    deleted = answered(CHEAP, {"03-uniform": None, "03-quantile": None})  # decode left undone, its test deleted
-    deleted.cells.remove(cell(deleted, "03-decode-test"))
-    encode_left = one_bug(CHEAP, "03-uniform", 'side="right"', 'side="left"')  # wrong only on an edge
-    unsorted_edges = one_bug(CHEAP, "03-quantile", "return np.maximum.accumulate(edges, axis=1)", "return edges")
+    """Notebook 02 as its special students hand it in (exercises: 02-uniform, 02-quantile, 02-decode)."""
+    partial = answered(CHEAP, {"02-uniform": None, "02-quantile": WRONG_QUANTILES})  # decode left undone
+    raises = answered(CHEAP, {"02-uniform": None, "02-quantile": RAISING_QUANTILES, "02-decode": None})
+    loops = answered(CHEAP, {"02-uniform": None, "02-quantile": None, "02-decode": LOOPING_DECODE})
+    hog = answered(CHEAP, {"02-uniform": None, "02-quantile": None, "02-decode": HOGGING_DECODE})
+    edited = answered(CHEAP, {"02-quantile": None, "02-decode": None})  # uniform left undone, its test "fixed":
+    cell(edited, "02-uniform-test").source = 'print("Exercise 1 passed: your uniform tokenizer is ttlib\'s.")'
+    deleted = answered(CHEAP, {"02-uniform": None, "02-quantile": None})  # decode left undone, its test deleted
+    deleted.cells.remove(cell(deleted, "02-decode-test"))
+    encode_left = one_bug(CHEAP, "02-uniform", 'side="right"', 'side="left"')  # wrong only on an edge
+    unsorted_edges = one_bug(CHEAP, "02-quantile", "return np.maximum.accumulate(edges, axis=1)", "return edges")
     return {"partial": partial, "raises": raises, "loops": loops, "hog": hog, "edited": edited, "deleted": deleted,
             "encode_left": encode_left, "unsorted_edges": unsorted_edges}
 
@@ -180,9 +181,9 @@ def expected_points() -> dict[str, dict[str, dict[str, float]]]:
     expected["bug"] = {a: losing(a, f"{grade_id}-test") for a, (grade_id, _, _) in BUGS.items()}
     for student, (grade_id, _, _) in ATTENTION_BUGS.items():
         expected[student] = {ATTENTION: losing(ATTENTION, f"{grade_id}-test")}
-    lost = {"partial": ["03-quantile-test", "03-decode-test"], "raises": ["03-quantile-test"],
-            "loops": ["03-decode-test"], "hog": ["03-decode-test"], "edited": ["03-uniform-test"],
-            "deleted": ["03-decode-test"], "encode_left": ["03-uniform-test"], "unsorted_edges": ["03-quantile-test"]}
+    lost = {"partial": ["02-quantile-test", "02-decode-test"], "raises": ["02-quantile-test"],
+            "loops": ["02-decode-test"], "hog": ["02-decode-test"], "edited": ["02-uniform-test"],
+            "deleted": ["02-decode-test"], "encode_left": ["02-uniform-test"], "unsorted_edges": ["02-quantile-test"]}
     for student in SPECIAL:
         expected[student] = {CHEAP: losing(CHEAP, *lost[student])}
     return expected
@@ -256,7 +257,7 @@ def graded(tmp_path_factory):
     for assignment in [ATTENTION, CHEAP, BEAM]:
         run("nbgrader", "generate_feedback", assignment, env=env)
     run("nbgrader", "export", "--to", str(tmp / "grades.csv"), env=env)
-    run("nbgrader", "export", "--exporter", "ttlib.grade.StudentTotals", "--to", str(tmp / "totals.csv"), env=env)
+    run("nbgrader", "export", "--exporter", "ttlib.tools.grade.StudentTotals", "--to", str(tmp / "totals.csv"), env=env)
     with open(tmp / "grades.csv", newline="") as f:
         out["grades"] = list(csv.DictReader(f))
     with open(tmp / "totals.csv", newline="") as f:
@@ -290,8 +291,8 @@ def errors(nb, grade_id) -> list[str]:
 
 # ---- the student versions ------------------------------------------------------------------------------------------
 def test_every_graded_notebook_has_a_student_version():
-    assert GRADED[:5] == ["00_offline_rl_as_sequence_modeling", "01_attention", "02_kv_cache",
-                          "03_trajectory_tokenizer", "04_trajectory_gpt"]
+    assert GRADED[:5] == ["00_offline_rl_as_sequence_modeling", "01_attention", "02_trajectory_tokenizer",
+                          "03_trajectory_gpt", "04_kv_cache"]
     assert sorted(p.stem for p in STUDENT.glob("*.ipynb")) == GRADED
 
 
@@ -324,18 +325,18 @@ def test_release_check_finds_student_versions_out_of_date(tmp_path, monkeypatch)
     (repo / "notebooks" / "student").mkdir(parents=True)
     shutil.copyfile(REPO / "nbgrader_config.py", repo / "nbgrader_config.py")
     shutil.copyfile(STUDENT / "01_attention.ipynb", repo / "notebooks" / "student" / "01_attention.ipynb")
-    shutil.copyfile(STUDENT / "02_kv_cache.ipynb", repo / "notebooks" / "student" / "02_kv_cache.ipynb")
+    shutil.copyfile(STUDENT / "04_kv_cache.ipynb", repo / "notebooks" / "student" / "04_kv_cache.ipynb")
     nb = solution_notebook("01_attention")
     cell(nb, "01-mask-test").source += "\nassert trajectory_mask(1, 1).shape == (1, 1)"
     nbformat.write(nb, repo / "notebooks" / "01_attention.ipynb")
     monkeypatch.setenv("TTLIB_COURSE_DIR", str(tmp_path / "grading"))
     course = grade.open_course(repo)
     report = grade.release(course, check=True)
-    assert (report.written, report.unchanged, report.stale) == (["01_attention.ipynb"], [], ["02_kv_cache.ipynb"])
+    assert (report.written, report.unchanged, report.stale) == (["01_attention.ipynb"], [], ["04_kv_cache.ipynb"])
     assert read(repo / "notebooks" / "student" / "01_attention.ipynb") == student_notebook("01_attention")
     report = grade.release(course)
     assert "trajectory_mask(1, 1)" in cell(read(course.student_dir / "01_attention.ipynb"), "01-mask-test").source
-    assert not (course.student_dir / "02_kv_cache.ipynb").exists()
+    assert not (course.student_dir / "04_kv_cache.ipynb").exists()
     assert grade.release(course, check=True).unchanged == ["01_attention.ipynb"]
 
 
@@ -384,23 +385,23 @@ def test_a_mistake_in_attention_or_mask_costs_only_its_own_exercise(graded):
 
 def test_answers_wrong_only_on_edges_or_only_when_rounding_bites_lose_their_exercise(graded):
     nb = autograded(graded, CHEAP, "encode_left")
-    assert errors(nb, "03-uniform-test") == ["AssertionError"]
-    assert "encode" in json.dumps(cell(nb, "03-uniform-test").outputs)
+    assert errors(nb, "02-uniform-test") == ["AssertionError"]
+    assert "encode" in json.dumps(cell(nb, "02-uniform-test").outputs)
     nb = autograded(graded, CHEAP, "unsorted_edges")
-    assert "never decrease" in json.dumps(cell(nb, "03-quantile-test").outputs) or \
-        "non-decreasing" in json.dumps(cell(nb, "03-quantile-test").outputs)
+    assert "never decrease" in json.dumps(cell(nb, "02-quantile-test").outputs) or \
+        "non-decreasing" in json.dumps(cell(nb, "02-quantile-test").outputs)
 
 
 def test_an_exercise_that_raises_gets_zero_and_grading_goes_on(graded):
-    assert errors(autograded(graded, CHEAP, "raises"), "03-quantile-test") == ["AssertionError"]  # "raised ..."
-    assert "raised ValueError" in str(cell(autograded(graded, CHEAP, "raises"), "03-quantile-test").outputs)
+    assert errors(autograded(graded, CHEAP, "raises"), "02-quantile-test") == ["AssertionError"]  # "raised ..."
+    assert "raised ValueError" in str(cell(autograded(graded, CHEAP, "raises"), "02-quantile-test").outputs)
 
 
 def test_a_looping_submission_is_bounded_as_a_whole(graded):
     """decode loops forever and the widget cell at the end calls it again: the second call gets only what is left
     of the notebook's time, not a cell timeout of its own."""
     nb = autograded(graded, CHEAP, "loops")
-    assert "CellTimeoutError" in errors(nb, "03-decode-test")
+    assert "CellTimeoutError" in errors(nb, "02-decode-test")
     assert [c for c in nb.cells if c.cell_type == "code"][-1].execution_count, "the cells after the loop still ran"
     seconds = graded["seconds"][CHEAP]
     assert NOTEBOOK_TIMEOUT - 5 < seconds["loops"] < NOTEBOOK_TIMEOUT + 10 < 2 * CELL_TIMEOUT + 15, seconds
@@ -411,29 +412,29 @@ def test_a_looping_submission_is_bounded_as_a_whole(graded):
     assert sum("No reply from kernel" in json.dumps(c.outputs) for c in nb.cells if c.cell_type == "code") == 2
     html = feedback(graded, CHEAP, "loops")
     assert html.count("No reply from kernel before timeout") == 1
-    assert html.count("output_error") == len(errors(nb, "03-decode-test"))  # the test cell's errors only
+    assert html.count("output_error") == len(errors(nb, "02-decode-test"))  # the test cell's errors only
 
 
 def test_a_memory_hog_is_stopped_and_keeps_the_points_graded_before_it(graded):
     nb = autograded(graded, CHEAP, "hog")
-    died = [o for o in cell(nb, "03-decode-test").outputs if o.output_type == "error"]
+    died = [o for o in cell(nb, "02-decode-test").outputs if o.output_type == "error"]
     assert [o.ename for o in died] == ["KernelDied"] and "memory" in died[0].evalue, died
-    assert score(graded, CHEAP, "hog")[0] == points(CHEAP)["03-uniform-test"] + points(CHEAP)["03-quantile-test"]
+    assert score(graded, CHEAP, "hog")[0] == points(CHEAP)["02-uniform-test"] + points(CHEAP)["02-quantile-test"]
     assert graded["seconds"][CHEAP]["hog"] < NOTEBOOK_TIMEOUT, "stopped by the memory limit, not by the clock"
     assert "KernelDied" in feedback(graded, CHEAP, "hog")
 
 
 def test_edited_and_deleted_test_cells_are_reported_and_undone(graded):
     report = graded[f"collect {CHEAP}"]
-    assert re.search(r"^edited .* test cell 03-uniform-test edited", report, re.M)
-    assert re.search(r"^deleted .* test cell 03-decode-test deleted", report, re.M)
+    assert re.search(r"^edited .* test cell 02-uniform-test edited", report, re.M)
+    assert re.search(r"^deleted .* test cell 02-decode-test deleted", report, re.M)
     assert sum("edited" in line or "deleted" in line for line in report.splitlines()) == 2, report
     # nbgrader restores both test cells before it runs them: the edit and the deletion gain nothing
-    assert "AssertionError" in errors(autograded(graded, CHEAP, "edited"), "03-uniform-test")
-    assert "AssertionError" in errors(autograded(graded, CHEAP, "deleted"), "03-decode-test")
+    assert "AssertionError" in errors(autograded(graded, CHEAP, "edited"), "02-uniform-test")
+    assert "AssertionError" in errors(autograded(graded, CHEAP, "deleted"), "02-decode-test")
     flagged = {row["student_id"]: row["flagged"] for row in graded["totals"]}
-    assert flagged.pop("edited") == f"{CHEAP}: test cell 03-uniform-test edited"
-    assert flagged.pop("deleted") == f"{CHEAP}: test cell 03-decode-test deleted"
+    assert flagged.pop("edited") == f"{CHEAP}: test cell 02-uniform-test edited"
+    assert flagged.pop("deleted") == f"{CHEAP}: test cell 02-decode-test deleted"
     assert set(flagged.values()) == {""}
 
 
@@ -441,7 +442,7 @@ def test_the_autograde_log_warns_only_about_edited_test_cells(graded):
     logs = "\n".join(graded[f"autograde {a}"] for a in GRADED)
     assert "Attribute 'checksum'" not in logs, "nbgrader's warning for every test cell of every student is gone"
     edited = re.findall(r"test cell (\S+) was edited by the student", logs)
-    assert edited == ["03-uniform-test"], edited
+    assert edited == ["02-uniform-test"], edited
 
 
 def test_the_gradebook_csv_has_one_row_per_student_with_the_right_totals(graded):

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttlib import checks, planning, rollout, viz
+from ttlib import checks, planning, rollout, tools, viz
 from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
 from ttlib.model import GPTConfig, TrajectoryGPT
@@ -29,9 +29,7 @@ from ttlib.train import TrainConfig, learning_rate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-COURSE_NOTEBOOKS = ["00_offline_rl_as_sequence_modeling.ipynb", "01_attention.ipynb", "02_kv_cache.ipynb",
-                    "03_trajectory_tokenizer.ipynb", "04_trajectory_gpt.ipynb", "05_beam_search.ipynb",
-                    "06_vectorized_rollouts.ipynb", "07_scaling_out_with_ray.ipynb", "08_decision_transformer.ipynb"]
+COURSE_NOTEBOOKS = list(tools.NOTEBOOKS)
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
 
@@ -253,7 +251,7 @@ def test_01_multi_head_attention_agrees_with_causal_self_attention():
 
 # ---- 02: the KV cache ----------------------------------------------------------------------------------------------
 def test_02_cached_step_agrees_with_kv_cache():
-    step = solutions(COURSE_NOTEBOOKS[2])["cached_attention_step"]
+    step = solutions(COURSE_NOTEBOOKS[4])["cached_attention_step"]
 
     def inputs(rng):
         B, H, D = (int(x) for x in rng.integers(1, 5, size=3))
@@ -278,7 +276,7 @@ def test_02_cached_step_agrees_with_kv_cache():
 
 
 def test_02_reorder_and_bytes_agree_with_kv_cache():
-    ns = solutions(COURSE_NOTEBOOKS[2])
+    ns = solutions(COURSE_NOTEBOOKS[4])
     rng = np.random.default_rng(0)
     for _ in range(15):
         n_layer, batch, n_head, head_dim, capacity = (int(x) for x in rng.integers(1, 6, size=5))
@@ -306,7 +304,7 @@ def random_rows(rng):
 
 
 def test_03_edges_agree_with_the_tokenizer():
-    ns = solutions(COURSE_NOTEBOOKS[3])
+    ns = solutions(COURSE_NOTEBOOKS[2])
     for strategy in ["uniform", "quantile"]:
         checks.check_function(lambda x, o, a, k, s=strategy: ns[f"{s}_edges"](x, k),
                               lambda x, o, a, k, s=strategy: TrajectoryTokenizer.fit(x, o, a, k, s).edges,
@@ -314,7 +312,7 @@ def test_03_edges_agree_with_the_tokenizer():
 
 
 def test_03_encode_and_decode_agree_with_the_tokenizer():
-    ns = solutions(COURSE_NOTEBOOKS[3])
+    ns = solutions(COURSE_NOTEBOOKS[2])
     for seed in range(20):
         rng = np.random.default_rng(seed)
         x, n_obs, n_act, k = random_rows(rng)
@@ -335,7 +333,7 @@ def random_gpt(rng, **overrides) -> TrajectoryGPT:
 
 
 def test_04_token_ids_agree_with_the_models_offsets():
-    token_ids = solutions(COURSE_NOTEBOOKS[4])["token_ids"]
+    token_ids = solutions(COURSE_NOTEBOOKS[3])["token_ids"]
     rng = np.random.default_rng(0)
     for _ in range(20):
         model = random_gpt(rng)
@@ -347,7 +345,7 @@ def test_04_token_ids_agree_with_the_models_offsets():
 
 
 def test_04_heads_agree_with_the_models_logits():
-    heads = solutions(COURSE_NOTEBOOKS[4])["heads"]
+    heads = solutions(COURSE_NOTEBOOKS[3])["heads"]
     rng = np.random.default_rng(1)
     for _ in range(20):
         model = random_gpt(rng)
@@ -367,7 +365,7 @@ def test_04_heads_agree_with_the_models_logits():
 
 
 def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
-    loss_fn = solutions(COURSE_NOTEBOOKS[4])["weighted_cross_entropy"]
+    loss_fn = solutions(COURSE_NOTEBOOKS[3])["weighted_cross_entropy"]
     rng = np.random.default_rng(2)
     for _ in range(20):
         model = random_gpt(rng, action_weight=float(rng.uniform(1, 6)), reward_weight=float(rng.uniform(0.5, 2)))
@@ -381,7 +379,7 @@ def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
 
 
 def test_04_learning_rate_agrees_with_ttlib():
-    lr_fn = solutions(COURSE_NOTEBOOKS[4])["learning_rate"]
+    lr_fn = solutions(COURSE_NOTEBOOKS[3])["learning_rate"]
     rng = np.random.default_rng(3)
     for _ in range(200):
         total = int(rng.integers(1, 3000))

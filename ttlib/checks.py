@@ -4,11 +4,16 @@ Every exercise in the notebooks is followed by a test cell that calls one of the
 right they return quietly; when it is wrong they raise an AssertionError whose message is written for you, the
 learner: which shapes differ, how far off the values are and where, a few expected-vs-got values, and for
 `check_function` the random input on which your function first disagreed with the reference (ttlib's version).
+An exercise asks you to write a piece yourself: the graders' tests run your code while the reference it rebuilds
+refuses to run (`forbidding`), so handing the work to ttlib or PyTorch earns no points.
 
     check_close(got, expected, "attention output", atol=1e-5)    # floats, up to a tolerance
     check_equal_arrays(got, expected, "bins")                    # exactly equal (integers, booleans)
     check_shape(got, (2, 4, 9, 8), "q")                          # None in the shape matches any size
     check_function(my_fn, ttlib_fn, make_inputs, trials=5)       # both on random inputs, compared
+    check_own_code(my_fn, "your attention")                      # written in this notebook, not imported
+    with forbidding(ttlib_fn, F.scaled_dot_product_attention):   # calling these inside the block raises
+        my_fn(...)
 
 They accept numpy arrays, torch tensors (on any device), Python numbers and lists, and tuples of those. A
 function that still raises NotImplementedError gets "not implemented yet: fill in the cell above".
@@ -16,13 +21,15 @@ function that still raises NotImplementedError gets "not implemented yet: fill i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]
+__all__ = ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code",
+           "forbidding"]
 
 _SHOW = 3  # how many mismatching entries a message lists
 
@@ -193,14 +200,16 @@ def _describe_inputs(args, kwargs) -> str:
 
 
 def check_function(fn: Callable, reference: Callable, make_inputs: Callable, trials: int = 5, atol: float = 1e-5,
-                   rtol: float = 0.0, exact: bool = False, name: str | None = None, seed: int = 0) -> None:
+                   rtol: float = 0.0, exact: bool = False, name: str | None = None, seed: int = 0,
+                   forbid: tuple = ()) -> None:
     """Call `fn` and `reference` on `trials` random inputs and compare the results.
 
     make_inputs(rng) gets a numpy Generator (torch is seeded too, so it may use torch.randn) and returns the
     positional arguments as a tuple, or a dict of keyword arguments, or a pair (args tuple, kwargs dict). Each
     function gets its own copy of the inputs, so one that writes into its inputs cannot spoil the other's.
     exact=True compares with `check_equal_arrays`, otherwise `check_close(atol, rtol)`. The message names the
-    trial and describes the input on which `fn` first went wrong.
+    trial and describes the input on which `fn` first went wrong. `fn` runs inside `forbidding(*forbid)`; the
+    reference does not.
     """
     name = name or getattr(fn, "__name__", "your function")
     for trial in range(trials):
@@ -222,7 +231,8 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
         expected = reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         where = f"trial {trial + 1} of {trials}, inputs: {_describe_inputs(args, kwargs)}"
         try:
-            got = call(fn, *copy.deepcopy(args), **copy.deepcopy(kwargs))
+            with forbidding(*forbid):
+                got = call(fn, *copy.deepcopy(args), **copy.deepcopy(kwargs))
         except AssertionError:
             raise
         except Exception as error:
@@ -234,3 +244,75 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
                 check_close(got, expected, name, atol=atol, rtol=rtol)
         except AssertionError as error:
             raise AssertionError(f"{error}\n  ({where})") from None
+
+
+# ---- your own code, not the reference's ------------------------------------------------------------------------
+def check_own_code(obj, name: str = "your function") -> None:
+    """`obj` (a function or class) was written in the notebook, not imported from a module."""
+    module = getattr(obj, "__module__", None)
+    if module != "__main__":
+        raise AssertionError(f"{name} comes from the module `{module}`, not from this notebook: the exercise asks "
+                             "you to write it here, in the cell above.")
+
+
+_REFUSAL = "<refused>"  # the message constant that `forbidding` replaces in a copy of _refuse's code
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("<refused>")
+
+
+def _refusal(label: str):
+    message = f"your code called {label}: this exercise asks you to write that yourself, so here it refuses to run."
+    code = _refuse.__code__
+    return code.replace(co_consts=tuple(message if c == _REFUSAL else c for c in code.co_consts))
+
+
+def _label(reference) -> str:
+    module = getattr(reference, "__module__", None) or "torch"
+    return f"{module}.{getattr(reference, '__qualname__', getattr(reference, '__name__', repr(reference)))}"
+
+
+@contextlib.contextmanager
+def forbidding(*references):
+    """Inside the block, calling any of `references` raises an AssertionError that says so.
+
+    A reference may be a Python function or method (`ttlib.attention.explicit_attention`, `KVCache.reorder`): its
+    code is swapped for the block, so it refuses however it was imported or stored. A class refuses through its
+    `forward`. Built-in torch functions (`torch.nn.functional.scaled_dot_product_attention`) refuse through a
+    TorchFunctionMode. Everything is put back when the block ends, however it ends.
+    """
+    swapped, builtins = [], []
+    for reference in references:
+        target = reference.forward if isinstance(reference, type) else reference
+        target = getattr(target, "__func__", target)  # a bound method -> its function
+        code = getattr(target, "__code__", None)
+        if code is None:
+            builtins.append(reference)
+        elif code.co_freevars:
+            raise TypeError(f"forbidding: {_label(reference)} is a closure; forbid the function that creates it")
+        else:
+            swapped.append((target, code))
+    try:
+        for target, _code in swapped:
+            target.__code__ = _refusal(_label(target))
+        with contextlib.ExitStack() as stack:
+            if builtins:
+                stack.enter_context(_refusing_torch_functions(builtins))
+            yield
+    finally:
+        for target, code in swapped:
+            target.__code__ = code
+
+
+def _refusing_torch_functions(functions):
+    from torch.overrides import TorchFunctionMode
+
+    class Refuse(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in functions:
+                raise AssertionError(f"your code called {_label(func)}: this exercise asks you to write that "
+                                     "yourself, so here it refuses to run.")
+            return func(*args, **(kwargs or {}))
+
+    return Refuse()

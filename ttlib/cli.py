@@ -258,7 +258,7 @@ def _cmd_bench(args):
 
 def _cmd_grade(args):
     try:
-        from . import grade
+        from .tools import grade
     except ImportError as e:
         raise ValueError(f'needs nbgrader ({e}): python -m pip install -e ".[dev]"') from e
 

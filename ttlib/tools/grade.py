@@ -27,7 +27,8 @@ from pathlib import Path
 import nbformat
 from nbgrader.plugins import ExportPlugin
 
-from .files import atomic_path
+from ..files import atomic_path
+from . import NOTEBOOKS
 
 CONFIG_FILE = "nbgrader_config.py"
 STUDENT_DIR = "student"  # student versions live in notebooks/student/
@@ -76,8 +77,9 @@ def open_course(repo: str | Path = ".") -> Course:
 
 
 def graded_notebooks(notebooks: Path) -> list[Path]:
-    """The notebooks in `notebooks` (not in its subfolders) with at least one graded test cell."""
-    return [p for p in sorted(notebooks.glob(NOTEBOOK_PATTERN)) if points(nbformat.read(p, as_version=4))]
+    """The course's notebooks (NOTEBOOKS, in `notebooks`) with at least one graded test cell."""
+    paths = [notebooks / name for name in NOTEBOOKS]
+    return [p for p in paths if p.exists() and points(nbformat.read(p, as_version=4))]
 
 
 def points(nb) -> dict[str, float]:
@@ -251,7 +253,8 @@ def _number(x: float) -> str:
 
 class StudentTotals(ExportPlugin):
     """nbgrader export plugin: one CSV row per student, a score column per assignment, the total, and the test
-    cells the student edited or deleted. `nbgrader export --exporter ttlib.grade.StudentTotals --to totals.csv`."""
+    cells the student edited or deleted:
+    `nbgrader export --exporter ttlib.tools.grade.StudentTotals --to totals.csv`."""
 
     def export(self, gradebook) -> None:
         from nbgrader.api import MissingEntry

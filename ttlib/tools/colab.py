@@ -4,8 +4,8 @@ The repository is named once, in pyproject.toml (`[project.urls] Repository`). E
 badge linking to its own path in that repository, its set-up cell installs ttlib from it when it runs on Colab,
 and the README has a table of badges; all three are written from pyproject.toml by this module:
 
-    python -m ttlib.colab            # rewrite the badges, the set-up cells and the README table
-    python -m ttlib.colab --check    # list what is out of step with pyproject.toml, exit 1 if anything is
+    python -m ttlib.tools.colab            # rewrite the badges, the set-up cells and the README table
+    python -m ttlib.tools.colab --check    # list what is out of step with pyproject.toml, exit 1 if anything is
 
 The tests run the check, so a changed repository (or a new notebook) cannot be forgotten in one place.
 """
@@ -17,20 +17,10 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
+from . import NOTEBOOKS
 
-# every notebook of the course, in order, with the README table's title (a notebook not yet written keeps its row)
-NOTEBOOKS = {
-    "00_offline_rl_as_sequence_modeling.ipynb": "offline RL as sequence modeling",
-    "01_attention.ipynb": "attention",
-    "02_kv_cache.ipynb": "KV cache",
-    "03_trajectory_tokenizer.ipynb": "trajectory tokenizer",
-    "04_trajectory_gpt.ipynb": "the Trajectory GPT",
-    "05_beam_search.ipynb": "beam search",
-    "06_vectorized_rollouts.ipynb": "vectorized rollouts",
-    "07_scaling_out_with_ray.ipynb": "scaling out with Ray",
-    "08_decision_transformer.ipynb": "Decision Transformer",
-}
+ROOT = Path(__file__).resolve().parents[2]  # the repository checkout this module lives in
+
 
 # what a notebook's set-up cell installs beyond ttlib itself (Colab has torch, numpy and matplotlib, not Ray)
 EXTRAS = {"07_scaling_out_with_ray.ipynb": "[ray]"}
@@ -133,7 +123,7 @@ def sync(root: Path = ROOT, write: bool = True) -> list[str]:
     changed = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         if path.name not in NOTEBOOKS:
-            raise ValueError(f"{path.name} is not in ttlib/colab.py's NOTEBOOKS: add it (name and title)")
+            raise ValueError(f"{path.name} is not in ttlib/tools/__init__.py's NOTEBOOKS: add it (name and title)")
         text = path.read_text()
         new = synced_notebook(text, path.name, repo)
         if new != text:
@@ -151,7 +141,7 @@ def sync(root: Path = ROOT, write: bool = True) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ttlib.colab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ttlib.tools.colab", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of step")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository checkout (default: this one)")
     args = parser.parse_args(argv)
