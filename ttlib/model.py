@@ -74,6 +74,14 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
+    """(n_tokens, n_tokens) bool, query x key: causal, and no query ever attends to a value token (the last of each
+    transition), because a value summarises rewards that come later."""
+    is_value = torch.arange(n_tokens) % transition_dim == transition_dim - 1  # (n_tokens,)
+    causal = torch.tril(torch.ones(n_tokens, n_tokens, dtype=torch.bool))
+    return causal & ~is_value[None, :]
+
+
 class TrajectoryGPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -88,9 +96,8 @@ class TrajectoryGPT(nn.Module):
         self.head_bias = nn.Parameter(torch.zeros(td, config.n_bins))
 
         positions = torch.arange(config.block_size)
-        is_value = positions % td == td - 1  # (block_size,) value tokens: never attended to
-        allowed = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-        self.register_buffer("allowed", allowed & ~is_value[None, :], persistent=False)  # (T, T) query x key
+        allowed = trajectory_mask(config.block_size, td)
+        self.register_buffer("allowed", allowed, persistent=False)  # (T, T) query x key
         self.register_buffer("token_offset", (positions % td) * config.n_bins, persistent=False)  # (block_size,)
         weights = torch.ones(td)
         weights[config.obs_dim:config.obs_dim + config.act_dim] = config.action_weight
