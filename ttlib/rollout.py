@@ -64,6 +64,32 @@ def make_env(env_id: str | None, env_kwargs: dict | None = None, render_mode: st
                          f"{str(error).splitlines()[0]}") from None
 
 
+class EpisodeSchedule(gym.Wrapper):
+    """An environment that plays a fixed list of episodes, one seed each, in order: every reset without a seed --
+    a vector environment's autoreset among them -- starts the next scheduled episode. Each episode is then the one
+    `evaluate` plays for that seed, whichever environment of a vector plays it and whatever it played before."""
+
+    def __init__(self, env: gym.Env, seeds):
+        super().__init__(env)
+        self.seeds = [int(s) for s in seeds]
+        self.started = 0  # episodes started so far
+
+    def reset(self, *, seed=None, options=None):
+        if seed is None and self.started < len(self.seeds):
+            seed = self.seeds[self.started]
+        self.started += 1
+        return self.env.reset(seed=seed, options=options)
+
+
+def scheduled_vector_env(env_id: str, schedule, env_kwargs: dict | None = None,
+                         max_steps: int | None = None) -> gym.vector.SyncVectorEnv:
+    """A SyncVectorEnv whose environment e plays the episodes seeded schedule[e] one after another (reset() starts
+    the first of each, autoresets the next ones). max_steps truncates every episode after that many steps."""
+    kwargs = {**(env_kwargs or {}), **({"max_episode_steps": max_steps} if max_steps is not None else {})}
+    return gym.vector.SyncVectorEnv([lambda seeds=seeds: EpisodeSchedule(make_env(env_id, kwargs), seeds)
+                                     for seeds in schedule])
+
+
 def check_episodes(seeds, n_envs: int | None, max_steps: int | None) -> None:
     """An evaluation must play something: at least one episode, batches of at least one, at least one step."""
     if len(seeds) < 1:
@@ -275,6 +301,7 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
             if first:
                 plans.append((batch.step, _row(plan, 0)))
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))
+            bar.set_postfix_str(f"step {batch.step}")  # moves every step, also while no episode has ended yet
         return Episodes(list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans)
     finally:
         batch.close()
