@@ -437,22 +437,41 @@ def test_05_best_children_agrees_with_ttlib():
 
 
 # ---- 06: vectorized rollouts ----------------------------------------------------------------------------------
-def test_06_record_step_agrees_with_ttlib():
-    record = solutions(COURSE_NOTEBOOKS[6])["record_step"]
+def test_06_encode_transition_agrees_with_contexts():
+    encode = solutions(COURSE_NOTEBOOKS[6])["encode_transition"]
+    rng = np.random.default_rng(60)
+    for _ in range(20):
+        obs_dim, act_dim = int(rng.integers(1, 5)), int(rng.integers(1, 3))
+        tokenizer = TrajectoryTokenizer.fit(rng.normal(size=(200, obs_dim + act_dim + 2)), obs_dim, act_dim,
+                                            int(rng.integers(2, 30)))
+        obs, action, reward = rng.normal(size=obs_dim) * 2, rng.normal(size=act_dim), float(rng.normal() * 2)
+        contexts = rollout.Contexts(tokenizer, 1, 1)
+        contexts.append(0, obs, action, reward)
+        checks.check_equal_arrays(encode(tokenizer, obs, action, reward), contexts.history[0][0], "transition")
 
-    def inputs(rng):
-        E = int(rng.integers(1, 20))
-        max_steps = None if rng.random() < 0.5 else int(rng.integers(1, 40))
-        return (rng.normal(size=E), rng.integers(0, 40, size=E), rng.random(E) < 0.6, rng.normal(size=E),
-                rng.random(E) < 0.3, rng.random(E) < 0.2, max_steps)
 
-    def state_after(fn):
-        def run(returns, lengths, running, *step):
-            finished = fn(returns, lengths, running, *step)
-            return returns, lengths, running, np.asarray(finished)
-        return run
+def test_06_vector_rollout_plays_evaluates_episodes():
+    """The solution's loop, on 3 environments for 7 seeds (autoresets, episodes of different lengths), returns
+    exactly what rollout.evaluate returns in float64."""
+    from ttlib import data as ttdata
 
-    checks.check_function(state_after(record), state_after(rollout.record_step), inputs, trials=60, atol=1e-12)
+    ns = solutions(COURSE_NOTEBOOKS[6])
+    data = ttdata.load(progress=False)
+    tokenizer = TrajectoryTokenizer.fit_dataset(data, n_bins=20)
+    torch.manual_seed(0)
+    model = TrajectoryGPT(GPTConfig(obs_dim=8, act_dim=2, n_bins=20, n_layer=1, n_head=2, n_embd=32,
+                                    n_transitions=4, dropout=0.0)).double().eval()
+    planner = planning.PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2)
+    seeds, env_id = list(range(7)), "LunarLanderContinuous-v3"
+    expected = rollout.evaluate(model, tokenizer, env_id, seeds, planner, max_steps=80, progress=False)
+    schedule = [seeds[e::3] for e in range(3)]
+    envs = rollout.scheduled_vector_env(env_id, schedule, max_steps=80)
+    try:
+        returns, lengths = ns["vector_rollout"](model, tokenizer, envs, schedule, planner)
+    finally:
+        envs.close()
+    np.testing.assert_array_equal([lengths[s] for s in seeds], expected.lengths)
+    np.testing.assert_array_equal([returns[s] for s in seeds], expected.returns)
 
 
 def test_06_build_prefix_agrees_with_contexts():

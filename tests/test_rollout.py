@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ttlib import data as ttdata
+from ttlib import rollout
 from ttlib.model import GPTConfig, TrajectoryGPT
 from ttlib.planning import PlannerConfig
 from ttlib.rollout import evaluate, save_video
@@ -73,3 +74,26 @@ def test_context_plus_horizon_must_fit(lander_model):
     model, tok = lander_model
     with pytest.raises(ValueError, match="do not fit the model's window of 4"):
         evaluate(model, tok, ENV, [0], PlannerConfig(beam_width=2, horizon=3, context=3), progress=False)
+
+
+def test_a_scheduled_vector_env_plays_evaluates_episodes_through_its_autoresets(lander_model):
+    """Environment e of scheduled_vector_env plays the seeds schedule[e] in order, each episode the one evaluate
+    plays for that seed: the autoreset after an episode starts the next scheduled one."""
+    model, tok = lander_model
+    schedule, max_steps = [[3, 5, 6], [4]], 20
+    envs = rollout.scheduled_vector_env(ENV, schedule, max_steps=max_steps)
+    starts = {seed: rollout.make_env(ENV).reset(seed=seed)[0] for seed in [3, 4, 5, 6]}
+    obs, _ = envs.reset()
+    np.testing.assert_array_equal(obs[0], starts[3])
+    np.testing.assert_array_equal(obs[1], starts[4])
+    seen, autoreset = [[3], [4]], np.zeros(2, dtype=bool)
+    for _ in range(4 * max_steps):
+        obs, reward, terminated, truncated, _ = envs.step(np.zeros((2, 2), dtype=np.float32))
+        for e in np.flatnonzero(autoreset):  # the step after an episode ended: the next scheduled episode begins
+            if len(seen[e]) < len(schedule[e]):
+                seen[e].append(schedule[e][len(seen[e])])
+                np.testing.assert_array_equal(obs[e], starts[seen[e][-1]])
+                assert reward[e] == 0 and not terminated[e] and not truncated[e]
+        autoreset = terminated | truncated
+    envs.close()
+    assert seen == schedule

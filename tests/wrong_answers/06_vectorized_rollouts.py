@@ -2,13 +2,6 @@
 
 REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
 
-OWN_BUILD_PREFIX = '''
-
-def build_prefix(history, obs_bins, context):
-    rows = [np.concatenate([*h[len(h) - min(len(h), context - 1):], o]) for h, o in zip(history, obs_bins)]
-    return torch.as_tensor(np.stack(rows), dtype=torch.long)
-'''
-
 ANSWERS = [
     # exercise 1: a transition's tokens, the batched prefix
     ("06-contexts", "the value token keeps the bin of value 0.0 instead of bin 0",
@@ -51,8 +44,18 @@ def build_prefix(history, obs_bins, context):
     ("06-plan-actions", "the last action of the plan, not the first", ("plan.actions[:, 0].numpy()",
                                                                        "plan.actions[:, -1].numpy()")),
     ("06-plan-actions", "the history left out of the prefix",
-     ("build_prefix(history, obs_bins, planner.context)", "build_prefix([[] for _ in history], obs_bins, 1)")),
-    ("06-plan-actions", "one beam_plan call per environment", '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
+     ("build_prefix([history[i] for i in group], obs_bins[group], planner.context)",
+      "build_prefix([[] for i in group], obs_bins[group], planner.context)")),
+    ("06-plan-actions", "one call for prefixes of different lengths",
+     '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
+    obs_bins = tok.encode(observations, slice(0, tok.obs_dim), on_clip="ignore")
+    prefix = build_prefix(history, obs_bins, planner.context)
+    keys = torch.tensor([rollout.step_key(s, t) for s, t in zip(seeds, steps, strict=True)], dtype=torch.int64)
+    plan = planning.beam_plan(model, tok, prefix.to(model.pos_emb.device), keys, planner, buffers)
+    return plan.actions[:, 0].numpy()
+'''),
+    ("06-plan-actions", "one beam_plan call per environment",
+     '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
     actions = []
     for past, obs, seed, step in zip(history, observations, seeds, steps, strict=True):
         obs_bins = tok.encode(obs[None], slice(0, tok.obs_dim), on_clip="ignore")
@@ -61,12 +64,18 @@ def build_prefix(history, obs_bins, context):
         actions.append(plan.actions[0, 0].numpy())
     return np.stack(actions)
 ''', "one beam_plan call"),
-    ("06-plan-actions", "delegates the prefix to rollout.Contexts", '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
+    ("06-plan-actions", "delegates the prefix to rollout.Contexts",
+     '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
     contexts = rollout.Contexts(tok, len(history), planner.context)
     contexts.history = [list(h) for h in history]
     keys = torch.tensor([rollout.step_key(s, t) for s, t in zip(seeds, steps, strict=True)], dtype=torch.int64)
-    plan = planning.beam_plan(model, tok, contexts.prefix(range(len(history)), observations), keys, planner)
-    return plan.actions[:, 0].numpy()
+    sizes = np.array([min(len(h), planner.context - 1) for h in history])
+    actions = np.zeros((len(history), tok.act_dim), dtype=np.float32)
+    for size in np.unique(sizes):
+        group = np.flatnonzero(sizes == size)
+        prefix = contexts.prefix(group, observations[group])
+        actions[group] = planning.beam_plan(model, tok, prefix, keys[group], planner).actions[:, 0].numpy()
+    return actions
 ''', REFUSED),
     # exercise 3: the loop
     ("06-vector-rollout", "the autoreset step counted as a real transition",
@@ -80,7 +89,8 @@ def build_prefix(history, obs_bins, context):
      ("seeds = [schedule[e][episode[e]] for e in active]", "seeds = list(active)")),
     ("06-vector-rollout", "the progress bar moved per finished episode, not per step",
      ("bar.update(len(active))", "bar.update(int((terminated | truncated)[active].sum()))"), "progress bar"),
-    ("06-vector-rollout", "delegates to rollout.evaluate", '''def vector_rollout(model, tok, envs, schedule, planner, bar=None):
+    ("06-vector-rollout", "delegates to rollout.evaluate",
+     '''def vector_rollout(model, tok, envs, schedule, planner, bar=None):
     seeds = [seed for seeds in schedule for seed in seeds]
     result = rollout.evaluate(model, tok, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
                               max_steps=envs.envs[0].spec.max_episode_steps, progress=False)
