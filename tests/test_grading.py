@@ -136,7 +136,8 @@ BUGS = {
     "04_kv_cache": ("04-cache-bytes", "return 2 * n_layer", "return n_layer"),  # K or V forgotten
     "03_trajectory_gpt": ("03-token-ids", "(positions % transition_dim)", "((positions + 1) % transition_dim)"),
     BEAM: ("05-sample-bins", "logits < kth", "logits <= kth"),  # top-k drops the k-th largest
-    "06_vectorized_rollouts": ("06-record-step", "lengths[running] += 1", "lengths += 1"),  # finished ones too
+    "06_vectorized_rollouts": ("06-vector-rollout", "np.flatnonzero(~autoreset & (episode < n_scheduled))",
+                               "np.flatnonzero(episode < n_scheduled)"),  # the autoreset step counted
     "07_scaling_out_with_ray": ("07-split", "i < n_episodes % n_slices", "i <= n_episodes % n_slices"),
     "08_decision_transformer": ("08-returns-to-go", "np.cumsum(rewards[::-1])[::-1]", "np.cumsum(rewards)"),
 }
