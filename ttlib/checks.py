@@ -40,6 +40,7 @@ def _is_tensor(x) -> bool:
 
 def _to_numpy(x, name: str) -> np.ndarray:
     """numpy view of an answer; None and other non-arrays get a message instead of a numpy error."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if x is None:
         raise AssertionError(f"{name} is None: did your function forget to `return` its result?")
     if _is_tensor(x):
@@ -91,6 +92,7 @@ def _shape_message(name: str, got: tuple, expected: tuple) -> str:
 
 def _pair(got, expected, name: str):
     """(got, expected) as numpy arrays of the same shape, or an AssertionError that says why not."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     g, e = _to_numpy(got, name), _to_numpy(expected, f"the expected {name}")
     if g.shape != e.shape:
         raise AssertionError(_shape_message(name, g.shape, e.shape))
@@ -106,6 +108,7 @@ def _mismatch_message(name: str, bad: np.ndarray, g: np.ndarray, e: np.ndarray, 
 
 def _split_tuple(got, expected, name: str, check: Callable, **kwargs) -> bool:
     """Compare a tuple of results part by part. Returns False when `expected` is not a tuple (lists are arrays)."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if not isinstance(expected, tuple):
         return False
     if not isinstance(got, (tuple, list)):
@@ -123,6 +126,7 @@ def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: f
     On failure the message gives both shapes (if they differ), or how many entries are off, the largest absolute
     difference and where it is, and a few expected-vs-got values.
     """
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if _split_tuple(got, expected, name, check_close, atol=atol, rtol=rtol):
         return
     g, e = _pair(got, expected, name)
@@ -149,6 +153,7 @@ def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: f
 
 def check_equal_arrays(got, expected, name: str = "result") -> None:
     """Assert got == expected exactly, entry by entry (for integers such as bins and booleans such as masks)."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if _split_tuple(got, expected, name, check_equal_arrays):
         return
     g, e = _pair(got, expected, name)
@@ -159,6 +164,7 @@ def check_equal_arrays(got, expected, name: str = "result") -> None:
 
 def check_shape(got, shape, name: str = "result") -> None:
     """Assert got.shape matches `shape`; an entry None in `shape` matches any size on that axis."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     actual = tuple(got.shape) if hasattr(got, "shape") else _to_numpy(got, name).shape
     shape = tuple(shape)
     if len(actual) != len(shape):
@@ -169,6 +175,7 @@ def check_shape(got, shape, name: str = "result") -> None:
 
 def call(fn: Callable, *args, **kwargs) -> Any:
     """fn(*args, **kwargs), turning NotImplementedError (an unsolved exercise) into a friendly AssertionError."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as error:
@@ -211,6 +218,7 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
     trial and describes the input on which `fn` first went wrong. `fn` runs inside `forbidding(*forbid)`; the
     reference does not.
     """
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     name = name or getattr(fn, "__name__", "your function")
     for trial in range(trials):
         rng = np.random.default_rng(seed + trial)
@@ -249,6 +257,7 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
 # ---- your own code, not the reference's ------------------------------------------------------------------------
 def check_own_code(obj, name: str = "your function") -> None:
     """`obj` (a function or class) was written in the notebook, not imported from a module."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     module = getattr(obj, "__module__", None)
     if module != "__main__":
         raise AssertionError(f"{name} comes from the module `{module}`, not from this notebook: the exercise asks "
@@ -259,6 +268,7 @@ _REFUSAL = "<refused>"  # the message constant that `forbidding` replaces in a c
 
 
 def _refuse(*args, **kwargs):
+    __tracebackhide__ = True
     raise AssertionError("<refused>")
 
 

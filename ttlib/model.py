@@ -26,8 +26,8 @@ from .attention import CausalSelfAttention, KVCache
 
 @dataclass
 class GPTConfig:
-    obs_dim: int  # observation dimensions per transition
-    act_dim: int  # action dimensions per transition
+    obs_dim: int = 0  # observation dimensions per transition (0 in a training config: the data decide)
+    act_dim: int = 0  # action dimensions per transition (0 in a training config: the data decide)
     n_bins: int = 100  # bins (vocabulary size) per dimension
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
@@ -74,9 +74,25 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def check_dims(config) -> None:
+    """A model needs its data's dimensions; a training config leaves them 0 until training reads the data."""
+    if config.obs_dim < 1 or config.act_dim < 1:
+        raise ValueError(f"{type(config).__name__} needs obs_dim and act_dim of at least 1, got {config.obs_dim} and "
+                         f"{config.act_dim}: set them from the data (train() does)")
+
+
+def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
+    """(n_tokens, n_tokens) bool, query x key: causal, and no query ever attends to a value token (the last of each
+    transition), because a value summarises rewards that come later."""
+    is_value = torch.arange(n_tokens) % transition_dim == transition_dim - 1  # (n_tokens,)
+    causal = torch.tril(torch.ones(n_tokens, n_tokens, dtype=torch.bool))
+    return causal & ~is_value[None, :]
+
+
 class TrajectoryGPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        check_dims(config)
         self.config = config
         td, C = config.transition_dim, config.n_embd
         self.tok_emb = nn.Embedding(td * config.n_bins, C)  # one vocabulary slice per dimension
@@ -88,9 +104,8 @@ class TrajectoryGPT(nn.Module):
         self.head_bias = nn.Parameter(torch.zeros(td, config.n_bins))
 
         positions = torch.arange(config.block_size)
-        is_value = positions % td == td - 1  # (block_size,) value tokens: never attended to
-        allowed = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-        self.register_buffer("allowed", allowed & ~is_value[None, :], persistent=False)  # (T, T) query x key
+        allowed = trajectory_mask(config.block_size, td)
+        self.register_buffer("allowed", allowed, persistent=False)  # (T, T) query x key
         self.register_buffer("token_offset", (positions % td) * config.n_bins, persistent=False)  # (block_size,)
         weights = torch.ones(td)
         weights[config.obs_dim:config.obs_dim + config.act_dim] = config.action_weight

@@ -1,0 +1,123 @@
+"""Wrong, delegating and tampering answers to the exercises, each run against its notebook's own test cell (hidden
+tests included) in a real Jupyter kernel.
+
+Every file in tests/wrong_answers/ holds the answers for one notebook (named like it): a list ANSWERS of
+`(grade_id, why, answer)` or `(grade_id, why, answer, says)`. `grade_id` names the exercise's solution cell;
+`answer` is either a pair `(old, new)` -- the solution with `old` replaced by `new`, once -- or a whole new source for
+the cell; `says` is a piece of text the failure must show.
+
+The solution notebook runs top to bottom in one kernel, in fast mode, up to the last exercise that has wrong
+answers. Right after an exercise's test cell has passed, each wrong answer to it is run in the solution cell's place
+and the test cell is run again: it must fail with an AssertionError -- what the learner sees, and what nbgrader
+scores as zero for that exercise. The solution is then run again (and ttlib.checks reloaded, in case the answer
+rebound it), so the notebook goes on with the right answer.
+tests/test_grading.py grades a few of these with nbgrader itself, to show the scores are the ones this predicts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from ttlib.tools import NOTEBOOKS as NOTEBOOK_LIST
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+ANSWER_FILES = sorted((Path(__file__).parent / "wrong_answers").glob("[0-9][0-9]_*.py"))
+CELL_TIMEOUT = 300  # seconds; the slowest graded cell in fast mode takes well under a minute
+# run before the right answer comes back: a tampering answer may have rebound ttlib.checks for the cells after it
+RESTORE = "import importlib\nimport ttlib.checks\nimportlib.reload(ttlib.checks)\n"
+
+
+def load_answers(path: Path) -> list[tuple]:
+    spec = importlib.util.spec_from_file_location(f"wrong_answers_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ANSWERS
+
+
+def grade_id(cell) -> str:
+    return cell.metadata.get("nbgrader", {}).get("grade_id", "")
+
+
+def wrong_source(solution: str, answer) -> str:
+    if isinstance(answer, str):
+        return answer
+    old, new = answer
+    assert solution.count(old) == 1, f"{old!r} should occur exactly once in the solution"
+    return solution.replace(old, new)
+
+
+def error_text(error: CellExecutionError) -> str:
+    return f"{error.ename}: {error.evalue}"
+
+
+def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
+    """Run notebooks/<stem>.ipynb with every wrong answer tried after its exercise's test; one record per answer."""
+    nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    ids = [grade_id(c) for c in nb.cells]
+    by_exercise: dict[str, list[tuple]] = {}
+    for answer in answers:
+        assert answer[0] in ids, f"{stem}: no solution cell {answer[0]!r}"
+        by_exercise.setdefault(answer[0], []).append(answer)
+    last = max(ids.index(f"{exercise}-test") for exercise in by_exercise)
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    records = []
+    with client.setup_kernel(env={**os.environ, "TTLIB_FAST": "1"}):
+        for index, cell in enumerate(nb.cells[:last + 1]):
+            if cell.cell_type != "code":
+                continue
+            client.execute_cell(cell, index)  # the solution notebook itself must pass
+            exercise = grade_id(cell).removesuffix("-test")
+            if not grade_id(cell).endswith("-test") or exercise not in by_exercise:
+                continue
+            solution = nb.cells[ids.index(exercise)]
+            for _, why, answer, *says in by_exercise[exercise]:
+                record = {"exercise": exercise, "why": why, "says": says[0] if says else None, "failure": None}
+                try:
+                    client.execute_cell(nbformat.v4.new_code_cell(wrong_source(solution.source, answer)), index)
+                except CellExecutionError as error:
+                    record["answer_raised"] = error_text(error)
+                try:
+                    client.execute_cell(nbformat.v4.new_code_cell(cell.source), index)
+                except CellExecutionError as error:
+                    record["failure"], record["ename"] = error_text(error), error.ename
+                records.append(record)
+                client.execute_cell(nbformat.v4.new_code_cell(RESTORE + solution.source), index)  # the right answer
+    return records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ANSWER_FILES, ids=[p.stem for p in ANSWER_FILES])
+def test_every_wrong_answer_fails_its_exercise(path):
+    answers = load_answers(path)
+    exercises = {c.metadata["nbgrader"]["grade_id"] for c in nbformat.read(NOTEBOOKS / f"{path.stem}.ipynb",
+                                                                            as_version=4).cells
+                 if c.metadata.get("nbgrader", {}).get("solution")}
+    missing = exercises - {answer[0] for answer in answers}
+    assert not missing, f"exercises without a wrong answer: {sorted(missing)}"
+    problems = []
+    for record in run_with_wrong_answers(path.stem, answers):
+        where = f"{record['exercise']} ({record['why']})"
+        if "answer_raised" in record:
+            problems.append(f"{where}: the answer cell itself raised {record['answer_raised'][:300]}")
+        elif record["failure"] is None:
+            problems.append(f"{where}: passed its test")
+        elif record["ename"] != "AssertionError":
+            problems.append(f"{where}: failed with {record['failure'][:300]}, not a checker's AssertionError")
+        elif record["says"] and record["says"] not in record["failure"]:
+            problems.append(f"{where}: the failure does not say {record['says']!r}: {record['failure'][:300]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_graded_notebook_has_wrong_answers():
+    graded = [name.removesuffix(".ipynb") for name in NOTEBOOK_LIST
+              if any(grade_id(c) for c in nbformat.read(NOTEBOOKS / name, as_version=4).cells)]
+    assert [p.stem for p in ANSWER_FILES] == graded

@@ -1,0 +1,72 @@
+"""Wrong answers to notebook 01's exercises (see tests/test_exercises.py for the format)."""
+
+REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
+
+ANSWERS = [
+    ("01-sdpa", "no 1/sqrt(d) scaling", (" / math.sqrt(q.shape[-1])", "")),
+    ("01-sdpa", "softmax over the queries, not the keys",
+     ("torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)")),
+    ("01-sdpa", "the mask read the wrong way round (True = hidden)", ("masked_fill(~mask", "masked_fill(mask")),
+    ("01-sdpa", "delegates to PyTorch's SDPA", '''def scaled_dot_product_attention(q, k, v, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+''', REFUSED),
+    ("01-sdpa", "delegates to ttlib's attention", '''def scaled_dot_product_attention(q, k, v, mask=None):
+    allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool) if mask is None else mask
+    return ttlib.attention.explicit_attention(q, k, v, allowed)
+''', REFUSED),
+    ("01-sdpa", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.checks
+
+for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]:
+    setattr(ttlib.checks, name, lambda *args, **kwargs: None)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    raise NotImplementedError()
+'''),
+    ("01-mask", "the value rule off by one (hides the reward token)",
+     ("== transition_dim - 1", "== transition_dim - 2")),
+    ("01-mask", "no causal rule", ("causal = torch.tril(torch.ones(n_tokens, n_tokens, dtype=torch.bool))",
+                                  "causal = torch.ones(n_tokens, n_tokens, dtype=torch.bool)")),
+    ("01-mask", "the value rule on queries instead of keys",
+     ("causal & ~is_value[None, :]", "causal & ~is_value[:, None]")),
+    ("01-mask", "delegates to ttlib's mask", '''def trajectory_mask(n_tokens, transition_dim):
+    return ttlib.model.trajectory_mask(n_tokens, transition_dim)
+''', REFUSED),
+    ("01-multi-head", "heads merged without moving the head axis back", ("y.transpose(1, 2).reshape(B, T, H * D)",
+                                                                        "y.reshape(B, T, H * D)")),
+    ("01-multi-head", "heads split by a plain view (channels interleaved across heads)",
+     ("x.view(B, T, n_head, C // n_head).transpose(1, 2)", "x.view(B, n_head, T, C // n_head)")),
+    ("01-multi-head", "no output projection", ("return proj(merge_heads(y))", "return merge_heads(y)")),
+    ("01-multi-head", "delegates to ttlib's CausalSelfAttention", '''def split_heads(x, n_head):
+    B, T, C = x.shape
+    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
+
+
+def merge_heads(y):
+    B, H, T, D = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+def multi_head_attention(x, qkv, proj, n_head, mask):
+    layer = ttlib.attention.CausalSelfAttention(x.shape[-1], n_head).eval()
+    layer.qkv, layer.proj = qkv, proj
+    return layer(x, mask)
+''', REFUSED),
+    ("01-multi-head", "delegates to nn.MultiheadAttention", '''def split_heads(x, n_head):
+    B, T, C = x.shape
+    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
+
+
+def merge_heads(y):
+    B, H, T, D = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+def multi_head_attention(x, qkv, proj, n_head, mask):
+    C = x.shape[-1]
+    layer = torch.nn.MultiheadAttention(C, n_head, batch_first=True)
+    layer.in_proj_weight.data, layer.in_proj_bias.data = qkv.weight.data, qkv.bias.data
+    layer.out_proj.weight.data, layer.out_proj.bias.data = proj.weight.data, proj.bias.data
+    return layer(x, x, x, attn_mask=~mask, need_weights=False)[0]
+''', REFUSED),
+]
