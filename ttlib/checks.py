@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -115,9 +116,26 @@ def _split_tuple(got, expected, name: str, check: Callable, **kwargs) -> bool:
         raise AssertionError(f"{name} should be a tuple of {len(expected)} results, got a {type(got).__name__}")
     if len(got) != len(expected):
         raise AssertionError(f"{name} should have {len(expected)} parts, got {len(got)}")
-    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-        check(g, e, f"{name}[{i}]", **kwargs)
+    for part, g, e in zip(_part_names(name, len(expected)), got, expected, strict=True):
+        check(g, e, part, **kwargs)
     return True
+
+
+def _part_names(name: str, n: int) -> list[str]:
+    """Names of a tuple's parts: "(keys, k_buf) after your call" -> "keys after your call", "k_buf after your
+    call" when the name lists n parts in parentheses; otherwise "name[0]", "name[1]", ..."""
+    listed = re.fullmatch(r"\(([^()]+)\)(.*)", name, re.S)
+    parts = [part.strip() for part in listed.group(1).split(",")] if listed else []
+    if len(parts) == n and all(parts):
+        return [part + listed.group(2) for part in parts]
+    return [f"{name}[{i}]" for i in range(n)]
+
+
+def _subject(name: str) -> str:
+    """What a name for listed parts is about: "(keys, k_buf) of your write_kv" -> "your write_kv"."""
+    listed = re.fullmatch(r"\(([^()]+)\)(.*)", name, re.S)
+    rest = listed.group(2).strip() if listed else ""
+    return rest[rest.find("your"):] if "your" in rest else rest or name
 
 
 def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: float = 0.0) -> None:
@@ -197,7 +215,7 @@ def _describe(value) -> str:
         return text
     if isinstance(value, (list, tuple)) and len(value) > 8:
         return f"{type(value).__name__} of {len(value)} items"
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line, however long the repr (a module's is many)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -244,7 +262,7 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
         except AssertionError:
             raise
         except Exception as error:
-            raise AssertionError(f"{name} raised {type(error).__name__}: {error}\n  ({where})") from error
+            raise AssertionError(f"{_subject(name)} raised {type(error).__name__}: {error}\n  ({where})") from error
         try:
             if exact:
                 check_equal_arrays(got, expected, name)
