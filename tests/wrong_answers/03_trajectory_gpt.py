@@ -92,7 +92,9 @@ class Block(ttlib.model.Block):
      ("x = self.tok_emb(ids) + self.pos_emb[:T]", "x = self.tok_emb(bins) + self.pos_emb[:T]")),
     ("03-gpt", "delegates to ttlib's TrajectoryGPT.forward",
      ("""        B, T = bins.shape
-        ids = token_ids""", """        return ttlib.model.TrajectoryGPT.forward(self, bins)[0]
+        ids = token_ids""", """        model = ttlib.model.TrajectoryGPT(self.config).eval()  # ttlib's model, holding these weights
+        model.load_state_dict(self.state_dict())
+        return model(bins)[0]
         ids = token_ids"""), REFUSED),
     # exercise 5: the loss
     ("03-loss", "each target weighted by the input's dimension, not the target's",
