@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ttlib import checks, planning, rollout, tools, viz
+from ttlib import model as ttlib_model
 from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
 from ttlib.model import GPTConfig, TrajectoryGPT
@@ -67,7 +68,7 @@ def solutions(name: str, student: bool = False) -> dict:
         body = ast.parse(cell.source).body
         imports_only = all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
         if grading(cell).get("solution"):
-            allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef)
+            allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
             assert all(isinstance(node, allowed) for node in body), f"{name} cell {i}: a solution cell only defines"
             source = student_version(cell.source) if student else cell.source
         elif imports_only:
@@ -323,7 +324,7 @@ def test_03_encode_and_decode_agree_with_the_tokenizer():
         checks.check_close(ns["decode"](bins, tokenizer.edges), tokenizer.decode(bins), "decoded", atol=1e-12)
 
 
-# ---- 04: the Trajectory GPT -------------------------------------------------------------------------------------
+# ---- 03: the Trajectory GPT -------------------------------------------------------------------------------------
 def random_gpt(rng, **overrides) -> TrajectoryGPT:
     config = dict(obs_dim=int(rng.integers(1, 6)), act_dim=int(rng.integers(1, 4)), n_bins=int(rng.integers(2, 40)),
                   n_layer=1, n_head=2, n_embd=8, n_transitions=int(rng.integers(1, 4)), dropout=0.0)
@@ -376,6 +377,45 @@ def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
         with torch.no_grad():
             logits, loss = model(bins, targets, mask)
             checks.check_close(loss_fn(logits, targets, mask, model.dim_weight), loss, "loss", atol=1e-5)
+
+
+def randomized(module: torch.nn.Module) -> torch.nn.Module:
+    """Every LayerNorm scale and every bias random too, so that a block that skips or swaps one shows."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "ln" in name:
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("weight") else 0.0))
+            elif name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+    return module
+
+
+def test_04_block_agrees_with_ttlibs_block():
+    ns = solutions(COURSE_NOTEBOOKS[3])
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        H, td = int(rng.integers(1, 4)), int(rng.integers(4, 8))
+        C, T = H * int(rng.integers(2, 9)), int(rng.integers(1, 3 * td))
+        config = GPTConfig(obs_dim=td - 3, act_dim=1, n_embd=C, n_head=H, dropout=0.0)
+        block = randomized(ttlib_model.Block(config)).eval()
+        mine = ns["Block"](C, H).eval()
+        mine.load_state_dict(block.state_dict())
+        x, allowed = torch.randn(2, T, C), ttlib_model.trajectory_mask(T, td)
+        with torch.no_grad():
+            checks.check_close(mine(x, allowed), block(x, allowed), "Block", atol=1e-5)
+
+
+def test_04_gpt_agrees_with_trajectory_gpt():
+    ns = solutions(COURSE_NOTEBOOKS[3])
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        model = randomized(random_gpt(rng, n_layer=int(rng.integers(1, 3))))
+        mine = ns["GPT"](model.config).eval()
+        mine.load_state_dict(model.state_dict())
+        c = model.config
+        bins = torch.as_tensor(rng.integers(0, c.n_bins, size=(3, int(rng.integers(1, c.block_size + 1)))))
+        with torch.no_grad():
+            checks.check_close(mine(bins), model(bins)[0], "GPT logits", atol=1e-5)
 
 
 def test_04_learning_rate_agrees_with_ttlib():

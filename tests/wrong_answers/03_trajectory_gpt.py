@@ -92,7 +92,8 @@ class Block(ttlib.model.Block):
      ("x = self.tok_emb(ids) + self.pos_emb[:T]", "x = self.tok_emb(bins) + self.pos_emb[:T]")),
     ("03-gpt", "delegates to ttlib's TrajectoryGPT.forward",
      ("""        B, T = bins.shape
-        ids = token_ids""", """        model = ttlib.model.TrajectoryGPT(self.config).eval()  # ttlib's model, holding these weights
+        ids = token_ids""",
+      """        model = ttlib.model.TrajectoryGPT(self.config).eval()  # ttlib's model, with these weights
         model.load_state_dict(self.state_dict())
         return model(bins)[0]
         ids = token_ids"""), REFUSED),
