@@ -642,6 +642,23 @@ def test_attention_maps_are_the_models_weights():
     assert viz.token_labels(2, 1, 6) == ["s0.0", "s1.0", "a0.0", "r.0", "V.0", "s0.1"]
 
 
+def test_token_layout_and_gpt_diagram_draw_every_token_and_block():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (layout, diagram) = plt.subplots(1, 2)
+    viz.plot_token_layout(layout, obs_dim=3, act_dim=2, n_transitions=2, n_bins=10)
+    texts = [t.get_text() for t in layout.texts]
+    assert viz.token_labels(3, 2, 14) == [t for t in texts if "." in t and not t.startswith("+")]
+    assert sum(p.get_hatch() == "///" for p in layout.patches) == 2, "the two value tokens are hatched"
+    assert "+40" in texts, "the last dimension's offset, 4 * n_bins"
+    viz.plot_gpt_block(diagram, n_layer=3)
+    words = " ".join(t.get_text() for t in diagram.texts)
+    assert all(w in words for w in ["ln_1", "ln_2", "ln_f", "MLP", "attention", "x 3", "head"])
+    plt.close(fig)
+
+
 def test_interactive_plot_raises_errors_of_its_first_drawing():
     widgets = pytest.importorskip("ipywidgets")
 
