@@ -250,47 +250,76 @@ def test_01_multi_head_attention_agrees_with_causal_self_attention():
                               lambda x, layer, m: layer(x, m), inputs, trials=15, atol=1e-5)
 
 
-# ---- 02: the KV cache ----------------------------------------------------------------------------------------------
-def test_02_cached_step_agrees_with_kv_cache():
-    step = solutions(COURSE_NOTEBOOKS[4])["cached_attention_step"]
+# ---- 04: the KV cache ----------------------------------------------------------------------------------------------
+def random_cache(rng, n_layer, batch, n_head, head_dim, capacity):
+    cache = KVCache(n_layer, batch, n_head, head_dim, capacity)
+    cache.k.normal_(), cache.v.normal_()  # noise in every slot: a write to the wrong slot shows
+    cache.length = int(rng.integers(0, capacity))
+    return cache
+
+
+def test_04_write_kv_agrees_with_kv_cache_write():
+    write_kv = solutions(COURSE_NOTEBOOKS[4])["write_kv"]
 
     def inputs(rng):
-        B, H, D = (int(x) for x in rng.integers(1, 5, size=3))
-        capacity = int(rng.integers(2, 40))
-        length = int(rng.integers(0, capacity))
-        T = int(rng.integers(1, capacity - length + 1))
-        allowed = torch.ones(T, length + T, dtype=torch.bool).tril(length)  # causal over the stored prefix
-        shape = (B, H, capacity, D)
-        return (*(torch.randn(B, H, T, D) for _ in range(3)), torch.randn(shape), torch.randn(shape), length, allowed)
+        n_layer, B, H, D = (int(x) for x in rng.integers(1, 4, size=4))
+        cache = random_cache(rng, n_layer, B, H, D, int(rng.integers(2, 30)))
+        T = int(rng.integers(1, cache.capacity - cache.length + 1))
+        return cache, int(rng.integers(0, n_layer)), torch.randn(B, H, T, D), torch.randn(B, H, T, D)
 
-    def reference(q, k, v, k_buf, v_buf, length, allowed):
-        B, H, capacity, D = k_buf.shape
-        cache = KVCache(2, B, H, D, capacity)
-        cache.k[1], cache.v[1], cache.length = k_buf, v_buf, length
-        keys, values = cache.write(1, k, v)
-        return explicit_attention(q, keys, values, allowed), cache.k[1], cache.v[1]
+    def run(write):
+        def call(cache, layer, k, v):
+            return (*write(cache, layer, k, v), cache.k, cache.v, cache.length)
+        return call
 
-    def yours(q, k, v, k_buf, v_buf, length, allowed):
-        return step(q, k, v, k_buf, v_buf, length, allowed), k_buf, v_buf
-
-    checks.check_function(yours, reference, inputs, trials=20, atol=1e-5)
+    checks.check_function(run(write_kv), run(lambda cache, *args: cache.write(*args)), inputs, trials=20, exact=True)
 
 
-def test_02_reorder_and_bytes_agree_with_kv_cache():
+def test_04_cached_attention_and_forward_agree_with_ttlib():
+    ns = solutions(COURSE_NOTEBOOKS[4])
+    given = next(c.source for c in read(COURSE_NOTEBOOKS[4]).cells if c.source.startswith("def heads("))
+    exec(given, ns)  # the per-position heads the notebook gives, which cached_forward calls
+
+    def inputs(rng):
+        H = int(rng.integers(1, 3))
+        config = GPTConfig(obs_dim=int(rng.integers(1, 4)), act_dim=int(rng.integers(1, 3)), n_bins=7,
+                           n_layer=int(rng.integers(1, 4)), n_head=H, n_embd=4 * H, n_transitions=3, dropout=0.0)
+        model = TrajectoryGPT(config).eval()
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        B, start = int(rng.integers(1, 4)), int(rng.integers(0, config.block_size))
+        cache = model.new_cache(B)
+        with torch.no_grad():
+            model(torch.as_tensor(rng.integers(0, 7, size=(B, start))), cache=cache)
+        T = int(rng.integers(1, config.block_size - start + 1))
+        return model, torch.as_tensor(rng.integers(0, 7, size=(B, T))), cache
+
+    def yours(model, bins, cache):
+        with torch.no_grad():
+            return ns["cached_forward"](model, bins, cache), cache.k, cache.v, cache.length
+
+    def reference(model, bins, cache):
+        with torch.no_grad():
+            return model(bins, cache=cache)[0], cache.k, cache.v, cache.length
+
+    checks.check_function(yours, reference, inputs, trials=20, atol=1e-4)
+
+
+def test_04_reorder_and_bytes_agree_with_kv_cache():
     ns = solutions(COURSE_NOTEBOOKS[4])
     rng = np.random.default_rng(0)
     for _ in range(15):
         n_layer, batch, n_head, head_dim, capacity = (int(x) for x in rng.integers(1, 6, size=5))
-        cache = KVCache(n_layer, batch, n_head, head_dim, capacity)
-        cache.k.normal_(), cache.v.normal_()
-        cache.length = int(rng.integers(0, capacity + 1))
+        cache = random_cache(rng, n_layer, batch, n_head, head_dim, capacity)
         indices = torch.as_tensor(rng.integers(0, batch, size=int(rng.integers(1, 2 * batch + 1))))
         assert ns["kv_cache_bytes"](n_layer, batch, n_head, head_dim, capacity) == cache.k.nbytes + cache.v.nbytes
-        k, v = ns["reorder_cache"](cache.k.clone(), cache.v.clone(), indices, cache.length)
         L = cache.length
+        yours = KVCache(n_layer, batch, n_head, head_dim, capacity)
+        yours.k, yours.v, yours.length = cache.k.clone(), cache.v.clone(), L
+        ns["reorder"](yours, indices)
         cache.reorder(indices)
-        checks.check_equal_arrays((k[:, :, :, :L], v[:, :, :, :L]), (cache.k[:, :, :, :L], cache.v[:, :, :, :L]),
-                                  "reordered cache")
+        checks.check_equal_arrays((yours.k[:, :, :, :L], yours.v[:, :, :, :L], yours.length),
+                                  (cache.k[:, :, :, :L], cache.v[:, :, :, :L], cache.length), "reordered cache")
 
 
 # ---- 03: the tokenizer ----------------------------------------------------------------------------------------------
@@ -594,6 +623,20 @@ def test_check_messages_tell_close_values_apart_and_hint_only_when_it_fits():
     # two empty tensors of different shapes: no reshape hint (there is nothing to reshape)
     message = failure(checks.check_close, torch.ones(0, 3), torch.ones(3, 0))
     assert "shape (0, 3) but should have shape (3, 0)" in message and "reshape" not in message
+
+
+def test_check_names_the_parts_of_a_tuple_it_lists():
+    with pytest.raises(AssertionError, match=r"^the v buffer after your call: 1 of 2 entries differ"):
+        checks.check_equal_arrays((np.zeros(2), np.array([0, 1])), (np.zeros(2), np.zeros(2)),
+                                  "(the k buffer after, the v buffer after) your call")
+    with pytest.raises(AssertionError, match=r"^pair\[1\]"):
+        checks.check_equal_arrays((0, 1), (0, 0), "pair")
+
+    def broken(x):
+        raise ValueError("no")
+
+    with pytest.raises(AssertionError, match=r"^your broken raised ValueError"):
+        checks.check_function(broken, lambda x: (x, x), lambda rng: 1.0, name="(a, b) of your broken")
 
 
 def test_check_equal_arrays_and_check_shape():

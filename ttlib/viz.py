@@ -226,3 +226,78 @@ def plot_attention(ax, weights, allowed=None, labels=None, query: int | None = N
     if title:
         ax.set_title(title)
     return image
+
+
+# ---- the KV cache ----------------------------------------------------------------------------------------------
+def plot_kv_cache(ax, length: int, new: int, capacity: int, n_layer: int = 2, transition_dim: int | None = None,
+                  title: str = ""):
+    """The buffers of a KV cache as rows of slots: per layer one row for K and one for V, one cell per position.
+
+    Slots [0, length) hold stored tokens (blue), [length, length + new) the tokens being written now (orange), the
+    rest is preallocated and still empty. With `transition_dim`, value-token slots are hatched: stored like every
+    other token, but no query may attend to them.
+    """
+    import matplotlib.patches as patches
+
+    rows = [(layer, kind) for layer in range(n_layer) for kind in ("K", "V")]
+    for r, (layer, kind) in enumerate(rows):
+        y = len(rows) - 1 - r  # layer 0 at the top
+        for s in range(capacity):
+            color = "#6baed6" if s < length else "#fd8d3c" if s < length + new else "white"
+            is_value = transition_dim is not None and s % transition_dim == transition_dim - 1
+            ax.add_patch(patches.Rectangle((s, y), 0.92, 0.8, facecolor=color, edgecolor="#555555", lw=0.8,
+                                           hatch="///" if is_value else None))
+        ax.text(-0.4, y + 0.4, f"layer {layer} {kind}", ha="right", va="center", fontsize=8)
+    ax.annotate("position = length", xy=(length + 0.46, len(rows) - 0.15),
+                xytext=(length + 0.46, len(rows) + 0.5),
+                ha="center", fontsize=8, arrowprops={"arrowstyle": "->"})
+    ax.set_xlim(-3.2, capacity + 0.2)
+    ax.set_ylim(-0.3, len(rows) + 1.1)
+    ax.set_xticks([s + 0.46 for s in range(capacity)], [str(s) for s in range(capacity)], fontsize=7)
+    ax.set_yticks([])
+    ax.set_xlabel("slot (absolute position of the token)")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    handles = [patches.Patch(facecolor="#6baed6", edgecolor="#555555", label="stored"),
+               patches.Patch(facecolor="#fd8d3c", edgecolor="#555555", label="written now"),
+               patches.Patch(facecolor="white", edgecolor="#555555", label="empty (preallocated)")]
+    if transition_dim is not None:
+        handles.append(patches.Patch(facecolor="white", edgecolor="#555555", hatch="///",
+                                     label="value token: never attended to"))
+    ax.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles), frameon=False,
+              bbox_to_anchor=(1.0, 1.12))
+    if title:
+        ax.set_title(title, pad=22)
+
+
+def plot_reorder(ax, indices, batch: int, title: str = ""):
+    """What `reorder(indices)` does to the rows of a cache: new row i is a copy of old row indices[i].
+
+    Old rows on the left, new rows on the right, one colour per old row; an old row that no index names is dropped
+    (grey), one named twice is duplicated. The same gather applies to every layer's K and V.
+    """
+    import matplotlib.patches as patches
+    import matplotlib.pyplot as plt
+
+    indices = [int(i) for i in indices]
+    colors = plt.get_cmap("tab10")
+    for row in range(batch):
+        kept = row in indices
+        ax.add_patch(patches.Rectangle((0, -row), 2.2, 0.7, facecolor=colors(row % 10) if kept else "#d9d9d9",
+                                       edgecolor="#555555", alpha=0.85))
+        ax.text(1.1, -row + 0.35, f"old row {row}" + ("" if kept else " (dropped)"), ha="center", va="center",
+                fontsize=8)
+    for new, old in enumerate(indices):
+        ax.add_patch(patches.Rectangle((4.8, -new), 2.2, 0.7, facecolor=colors(old % 10), edgecolor="#555555",
+                                       alpha=0.85))
+        ax.text(5.9, -new + 0.35, f"new row {new} = old {old}", ha="center", va="center", fontsize=8)
+        ax.annotate("", xy=(4.75, -new + 0.35), xytext=(2.25, -old + 0.35),
+                    arrowprops={"arrowstyle": "->", "color": colors(old % 10), "lw": 1.5})
+    lowest = -max(batch, len(indices)) + 0.6
+    ax.set_xlim(-0.2, 7.2)
+    ax.set_ylim(lowest - 0.3, 1.2)
+    ax.text(1.1, 0.95, "cache before", ha="center", fontsize=9, weight="bold")
+    ax.text(5.9, 0.95, f"after reorder({indices})", ha="center", fontsize=9, weight="bold")
+    ax.axis("off")
+    if title:
+        ax.set_title(title)
