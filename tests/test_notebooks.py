@@ -362,7 +362,7 @@ def random_gpt(rng, **overrides) -> TrajectoryGPT:
     return model
 
 
-def test_04_token_ids_agree_with_the_models_offsets():
+def test_03_token_ids_agree_with_the_models_offsets():
     token_ids = solutions(COURSE_NOTEBOOKS[3])["token_ids"]
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -374,7 +374,7 @@ def test_04_token_ids_agree_with_the_models_offsets():
         checks.check_equal_arrays(token_ids(bins, start, c.transition_dim, c.n_bins), expected, "token ids")
 
 
-def test_04_heads_agree_with_the_models_logits():
+def test_03_heads_agree_with_the_models_logits():
     heads = solutions(COURSE_NOTEBOOKS[3])["heads"]
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -394,7 +394,7 @@ def test_04_heads_agree_with_the_models_logits():
         checks.check_close(got, logits, f"heads (start {start})", atol=1e-5)
 
 
-def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
+def test_03_weighted_cross_entropy_agrees_with_the_models_loss():
     loss_fn = solutions(COURSE_NOTEBOOKS[3])["weighted_cross_entropy"]
     rng = np.random.default_rng(2)
     for _ in range(20):
@@ -419,7 +419,7 @@ def randomized(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def test_04_block_agrees_with_ttlibs_block():
+def test_03_block_agrees_with_ttlibs_block():
     ns = solutions(COURSE_NOTEBOOKS[3])
     rng = np.random.default_rng(4)
     for _ in range(10):
@@ -434,7 +434,7 @@ def test_04_block_agrees_with_ttlibs_block():
             checks.check_close(mine(x, allowed), block(x, allowed), "Block", atol=1e-5)
 
 
-def test_04_gpt_agrees_with_trajectory_gpt():
+def test_03_gpt_agrees_with_trajectory_gpt():
     ns = solutions(COURSE_NOTEBOOKS[3])
     rng = np.random.default_rng(5)
     for _ in range(10):
@@ -447,7 +447,7 @@ def test_04_gpt_agrees_with_trajectory_gpt():
             checks.check_close(mine(bins), model(bins)[0], "GPT logits", atol=1e-5)
 
 
-def test_04_learning_rate_agrees_with_ttlib():
+def test_03_learning_rate_agrees_with_ttlib():
     lr_fn = solutions(COURSE_NOTEBOOKS[3])["learning_rate"]
     rng = np.random.default_rng(3)
     for _ in range(200):
