@@ -200,8 +200,9 @@ def call(fn: Callable, *args, **kwargs) -> Any:
         tb = error.__traceback__
         while tb.tb_next is not None:  # the function that raised it, not a wrapper around it
             tb = tb.tb_next
-        name = tb.tb_frame.f_code.co_name
-        name = name if name.isidentifier() else getattr(fn, "__name__", "this function")
+        code = tb.tb_frame.f_code
+        name = getattr(code, "co_qualname", code.co_name).split("<locals>.")[-1]  # MLP.forward (Python 3.11+)
+        name = name if name.replace(".", "_").isidentifier() else getattr(fn, "__name__", "this function")
         raise AssertionError(f"{name} is not implemented yet: fill in the cell above (replace the "
                              "`raise NotImplementedError()`) and run it, then run this cell again.") from None
 
