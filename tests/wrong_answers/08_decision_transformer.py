@@ -10,6 +10,13 @@ ANSWERS = [
     ("08-returns-to-go", "delegates to ttlib's returns-to-go", '''def returns_to_go(rewards):
     return dt.returns_to_go(rewards)
 ''', REFUSED),
+    # last of its exercise: the rebinding stays for the rest of the kernel (nothing after this exercise uses it)
+    ("08-returns-to-go", "summed forwards, with ttlib's returns_to_go rebound to agree", '''def returns_to_go(rewards):
+    return np.cumsum(np.asarray(rewards, dtype=np.float64)).astype(np.float32)
+
+
+dt.returns_to_go = returns_to_go  # the visible check now compares this answer with itself
+''', "was written in this notebook"),
     ("08-interleave", "stacked on the time axis: all returns first", ("dim=2", "dim=1")),
     ("08-interleave", "concatenated, not interleaved", ("torch.stack([returns, states, actions], dim=2).reshape",
                                                         "torch.cat([returns, states, actions], dim=1).reshape")),
