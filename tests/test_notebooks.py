@@ -683,6 +683,22 @@ def test_check_function_reports_the_failing_input_and_unfinished_work():
     checks.check_function(writes_into_its_input, lambda x: x + 1, lambda rng: (rng.normal(size=5),))  # own copies
 
 
+def test_forbidding_refuses_the_reference_and_notices_a_replaced_one():
+    from ttlib import data
+
+    message = failure(checks.check_function, lambda r, g: data.discounted_values(r, g), data.discounted_values,
+                      lambda rng: (rng.normal(size=4), 0.9), forbid=(data.discounted_values,))
+    assert "your code called ttlib.data.discounted_values" in message and "refuses to run" in message
+    assert data.discounted_values(np.ones(2), 0.5).tolist() == [1.0, 0.0]  # put back after the block
+
+    def mine(rewards, gamma):  # as if the notebook had run `data.discounted_values = mine`
+        return np.zeros(len(rewards))
+
+    mine.__module__ = "__main__"
+    assert "was written in this notebook" in failure(checks.check_function, mine, mine,
+                                                     lambda rng: (np.ones(3), 0.9), forbid=(mine,))
+
+
 # ---- ttlib.viz ----------------------------------------------------------------------------------------------------
 def test_attention_maps_are_the_models_weights():
     torch.manual_seed(0)

@@ -309,13 +309,18 @@ def forbidding(*references):
     A reference may be a Python function or method (`ttlib.attention.explicit_attention`, `KVCache.reorder`): its
     code is swapped for the block, so it refuses however it was imported or stored. A class refuses through its
     `forward`. Built-in torch functions (`torch.nn.functional.scaled_dot_product_attention`) refuse through a
-    TorchFunctionMode. Everything is put back when the block ends, however it ends.
+    TorchFunctionMode. Everything is put back when the block ends, however it ends. A reference defined in the
+    notebook itself means the notebook replaced the original (`ttlib.data.fn = my_fn`): an AssertionError says so.
     """
     swapped, builtins = [], []
     for reference in references:
         target = reference.forward if isinstance(reference, type) else reference
         target = getattr(target, "__func__", target)  # a bound method -> its function
         code = getattr(target, "__code__", None)
+        if getattr(target, "__module__", None) == "__main__":  # e.g. `ttlib.data.fn = fn` earlier in the notebook
+            raise AssertionError(f"{getattr(target, '__qualname__', target)}, which this test expects to be "
+                                 "ttlib's or PyTorch's own function, was written in this notebook: the notebook "
+                                 "replaced the original. Restart the kernel and leave ttlib's functions as they are.")
         if code is None:
             builtins.append(reference)
         elif code.co_freevars:

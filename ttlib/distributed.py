@@ -386,6 +386,7 @@ class RayEvaluator:
                     kill_worker_at = None if kill else kill_worker_at
                     refs[w] = self.workers[w].step.remote(actions, kill)
                 step += 1
+                bar.set_postfix_str(f"step {step}")  # moves every step, also while no episode has ended yet
         return returns, lengths, clipped, deaths, reruns
 
 
