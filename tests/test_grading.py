@@ -3,17 +3,22 @@ the README's instructor guide, run as written (`ttlib grade ...`, `nbgrader ...`
 
 One class is graded once (the `graded` fixture), several students per `nbgrader autograde` run, and each test reads
 its results. Every submission is made from the student version by filling its exercise cells: with the solution
-notebook's answers, or with one answer replaced (`answered`). The class, with the points each student should get
-for each exercise (`EXPECTED`, checked cell by cell in the gradebook):
+notebook's answers, or with some replaced by answers from tests/wrong_answers/ (tests/test_exercises.py runs every
+one of those against its exercise's test cell; here nbgrader grades a few, to show the scores are the ones
+predicted). The class, with the points each student should get for each exercise (`EXPECTED`, checked cell by cell
+in the gradebook):
 - "solutions" hands in every graded notebook with the solution notebook's answers;
 - "unmodified" hands in the student versions exactly as released, of notebooks 00-03 only (grading a blank notebook
   runs it to the end like any other, so the later, slower notebooks would double the test's time to show the same
   thing; their blank versions are checked without running below: every exercise a stub, every test cell checksummed);
-- "bug" hands in every other graded notebook with one realistic bug in one exercise: it loses that exercise only;
+- "bug" hands in every other graded notebook with one plausible bug in its last exercise: it loses that exercise only;
+- "delegator" hands in notebooks 01, 02 and 04 with every exercise handed to the reference it rebuilds (ttlib's
+  function, PyTorch's attention, nn.MultiheadAttention): it earns nothing;
+- "rebinder" leaves notebook 01's first exercise unsolved and rebinds ttlib.checks to do nothing: it loses that one;
 - on notebook 01 (cheap) four students each make one mistake that used to cost two exercises (the multi-head test
   ran the student's own attention and mask) or that only the multi-head test can see;
 - on notebook 02 (cheap, its three exercises independent) students hand in a partly correct notebook, one whose
-  exercise raises, one whose decode loops forever (and a later cell calls it again), one with an edited and one with
+  exercise raises, one whose decode loops forever (and later cells call it again), one with an edited and one with
   a deleted test cell, an encode that is wrong only on bin edges, quantile edges without their monotonicity fix, and
   a decode that hogs memory. Notebook 02 is graded with short limits (CELL_TIMEOUT a cell, NOTEBOOK_TIMEOUT for the
   whole notebook, MEMORY_GB for its kernel), so the loop and the hog cost seconds.
