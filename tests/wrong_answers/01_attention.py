@@ -1,6 +1,17 @@
 """Wrong answers to notebook 01's exercises (see tests/test_exercises.py for the format)."""
 
 REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
+HEADS = '''def split_heads(x, n_head):
+    B, T, C = x.shape
+    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
+
+
+def merge_heads(y):
+    B, H, T, D = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+'''  # the right split and merge, for the answers that delegate the attention itself
 
 ANSWERS = [
     ("01-sdpa", "no 1/sqrt(d) scaling", (" / math.sqrt(q.shape[-1])", "")),
@@ -37,32 +48,14 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     ("01-multi-head", "heads split by a plain view (channels interleaved across heads)",
      ("x.view(B, T, n_head, C // n_head).transpose(1, 2)", "x.view(B, n_head, T, C // n_head)")),
     ("01-multi-head", "no output projection", ("return proj(merge_heads(y))", "return merge_heads(y)")),
-    ("01-multi-head", "delegates to ttlib's CausalSelfAttention", '''def split_heads(x, n_head):
-    B, T, C = x.shape
-    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
-
-
-def merge_heads(y):
-    B, H, T, D = y.shape
-    return y.transpose(1, 2).reshape(B, T, H * D)
-
-
-def multi_head_attention(x, qkv, proj, n_head, mask):
+    ("01-multi-head", "delegates to ttlib's CausalSelfAttention",
+     HEADS + '''def multi_head_attention(x, qkv, proj, n_head, mask):
     layer = ttlib.attention.CausalSelfAttention(x.shape[-1], n_head).eval()
     layer.qkv, layer.proj = qkv, proj
     return layer(x, mask)
 ''', REFUSED),
-    ("01-multi-head", "delegates to nn.MultiheadAttention", '''def split_heads(x, n_head):
-    B, T, C = x.shape
-    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
-
-
-def merge_heads(y):
-    B, H, T, D = y.shape
-    return y.transpose(1, 2).reshape(B, T, H * D)
-
-
-def multi_head_attention(x, qkv, proj, n_head, mask):
+    ("01-multi-head", "delegates to nn.MultiheadAttention",
+     HEADS + '''def multi_head_attention(x, qkv, proj, n_head, mask):
     C = x.shape[-1]
     layer = torch.nn.MultiheadAttention(C, n_head, batch_first=True)
     layer.in_proj_weight.data, layer.in_proj_bias.data = qkv.weight.data, qkv.bias.data
