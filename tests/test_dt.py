@@ -99,8 +99,8 @@ def test_returns_to_go_and_windows(course_data):
 
 
 def test_training_learns_and_the_checkpoint_reloads(course_data, tmp_path):
-    config = dt.DTTrainConfig(context=5, n_layer=1, n_embd=32, batch_size=16, steps=60, warmup_steps=5,
-                              eval_every=20, eval_batches=2, lr=3e-3, dropout=0.0)
+    config = dt.DTTrainConfig(batch_size=16, steps=60, warmup_steps=5, eval_every=20, eval_batches=2, lr=3e-3,
+                              model=dt.DTConfig(context=5, n_layer=1, n_embd=32, dropout=0.0))
     out = str(tmp_path / "dt.pt")
     result = dt.train(config, out=out, data=course_data, progress=False)
     first, last = result.history[0], result.history[-1]
@@ -122,11 +122,12 @@ def test_resume_continues_exactly(course_data, tmp_path):
     # lr == min_lr makes the schedule independent of the total, so a 6-step run resumed to 12 must equal 12 steps
     config = dict(context=3, n_layer=1, n_embd=16, batch_size=8, warmup_steps=1, lr=1e-3, min_lr=1e-3,
                   eval_every=3, eval_batches=1, dropout=0.0)
-    straight = dt.train(dt.DTTrainConfig(steps=12, **config), data=course_data, progress=False)
+    straight = dt.train(dt.DTTrainConfig.from_settings({**config, "steps": 12}), data=course_data, progress=False)
     half = str(tmp_path / "half.pt")
-    dt.train(dt.DTTrainConfig(steps=6, **config), out=half, data=course_data, progress=False)
+    dt.train(dt.DTTrainConfig.from_settings({**config, "steps": 6}), out=half, data=course_data, progress=False)
     assert read_checkpoint(half, kind=dt.KIND)["step"] == 6
-    resumed = dt.train(dt.DTTrainConfig(steps=12, **config), resume=half, data=course_data, progress=False)
+    resumed = dt.train(dt.DTTrainConfig.from_settings({**config, "steps": 12}), resume=half, data=course_data,
+                       progress=False)
     assert resumed.history[-1]["step"] == 11
     for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)

@@ -25,6 +25,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from ttlib.tools import NOTEBOOKS as NOTEBOOK_LIST
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ANSWER_FILES = sorted((Path(__file__).parent / "wrong_answers").glob("[0-9][0-9]_*.py"))
@@ -113,3 +115,9 @@ def test_every_wrong_answer_fails_its_exercise(path):
         elif record["says"] and record["says"] not in record["failure"]:
             problems.append(f"{where}: the failure does not say {record['says']!r}: {record['failure'][:300]}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_graded_notebook_has_wrong_answers():
+    graded = [name.removesuffix(".ipynb") for name in NOTEBOOK_LIST
+              if any(grade_id(c) for c in nbformat.read(NOTEBOOKS / name, as_version=4).cells)]
+    assert [p.stem for p in ANSWER_FILES] == graded

@@ -35,6 +35,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 from nbgrader.utils import compute_checksum
+from test_exercises import ANSWER_FILES, load_answers, wrong_source  # tests/ is on sys.path under pytest
 
 from ttlib import cli
 from ttlib.tools import grade
@@ -129,24 +130,46 @@ HOGGING_DECODE = '''def decode(bins, edges):
     return np.array(centres)
 '''
 
-# one realistic bug in one exercise of each notebook that has no students of its own: (grade_id, old, new)
-BUGS = {
-    "00_offline_rl_as_sequence_modeling": ("00-discounted-values", "values[t] = rewards[t + 1]",
-                                           "values[t] = rewards[t]"),  # its own reward included
-    "04_kv_cache": ("04-cache-bytes", "return 2 * n_layer", "return n_layer"),  # K or V forgotten
-    "03_trajectory_gpt": ("03-token-ids", "(positions % transition_dim)", "((positions + 1) % transition_dim)"),
-    BEAM: ("05-sample-bins", "logits < kth", "logits <= kth"),  # top-k drops the k-th largest
-    "06_vectorized_rollouts": ("06-record-step", "lengths[running] += 1", "lengths += 1"),  # finished ones too
-    "07_scaling_out_with_ray": ("07-split", "i < n_episodes % n_slices", "i <= n_episodes % n_slices"),
-    "08_decision_transformer": ("08-returns-to-go", "np.cumsum(rewards[::-1])[::-1]", "np.cumsum(rewards)"),
-}
+# Wrong answers come from tests/wrong_answers/ (tests/test_exercises.py runs each against its exercise's test cell);
+# here nbgrader grades a few of them, to show that the scores are what those runs predict.
+WRONG = {path.stem: load_answers(path) for path in ANSWER_FILES}
+REFUSED = "refuses to run"  # what a delegating answer's failure says
+DELEGATED = [ATTENTION, CHEAP, "04_kv_cache"]  # the notebooks "delegator" hands in, every exercise delegated
+REBOUND = "unsolved, with the checking helpers rebound to do nothing"  # "rebinder"'s notebook 01 answer
 # notebook 01: mistakes in exercises 1 and 2 that used to zero exercise 3 as well, and one in exercise 3 itself
 ATTENTION_BUGS = {
-    "no_scale": ("01-sdpa", " / math.sqrt(q.shape[-1])", ""),
-    "softmax_axis": ("01-sdpa", "torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)"),
-    "mask_off_by_one": ("01-mask", "== transition_dim - 1", "== transition_dim - 2"),
-    "heads_unmerged": ("01-multi-head", "y.transpose(1, 2).reshape(B, T, H * D)", "y.reshape(B, T, H * D)"),
+    "no_scale": ("01-sdpa", "no 1/sqrt(d) scaling"),
+    "softmax_axis": ("01-sdpa", "softmax over the queries, not the keys"),
+    "mask_off_by_one": ("01-mask", "the value rule off by one (hides the reward token)"),
+    "heads_unmerged": ("01-multi-head", "heads merged without moving the head axis back"),
 }
+
+
+def wrong_answer(assignment, grade_id, why) -> str:
+    """The source of the wrong answer to `grade_id` that tests/wrong_answers/ describes as `why`."""
+    answer = next(a[2] for a in WRONG[assignment] if a[0] == grade_id and a[1] == why)
+    return wrong_source(solution_sources(assignment)[grade_id], answer)
+
+
+def delegating(assignment):
+    """Every exercise answered by handing the work to the reference it rebuilds."""
+    answers = {}
+    for grade_id, why, _, *says in WRONG[assignment]:
+        if says == [REFUSED] and grade_id not in answers:
+            answers[grade_id] = wrong_answer(assignment, grade_id, why)
+    assert set(answers) == set(solution_sources(assignment)), f"{assignment}: an exercise has no delegating answer"
+    return answered(assignment, answers)
+
+
+def last_bug(assignment) -> tuple[str, str]:
+    """(grade_id, source): a plausible bug in the notebook's last exercise (no later test can use it)."""
+    grade_id = list(solution_sources(assignment))[-1]
+    why = next(a[1] for a in WRONG[assignment] if a[0] == grade_id and len(a) == 3)
+    return grade_id, wrong_answer(assignment, grade_id, why)
+
+
+# "bug" hands in every notebook that has no students of its own with one bug in its last exercise
+BUGGY = [a for a in GRADED if a not in (ATTENTION, CHEAP)]
 
 
 def cheap_submissions():
@@ -178,9 +201,11 @@ def expected_points() -> dict[str, dict[str, dict[str, float]]]:
         return {**full[assignment], **dict.fromkeys(lost, 0.0)}
 
     expected = {"solutions": full, "unmodified": {a: zero[a] for a in UNMODIFIED}}
-    expected["bug"] = {a: losing(a, f"{grade_id}-test") for a, (grade_id, _, _) in BUGS.items()}
-    for student, (grade_id, _, _) in ATTENTION_BUGS.items():
+    expected["bug"] = {a: losing(a, f"{last_bug(a)[0]}-test") for a in BUGGY}
+    for student, (grade_id, _) in ATTENTION_BUGS.items():
         expected[student] = {ATTENTION: losing(ATTENTION, f"{grade_id}-test")}
+    expected["delegator"] = {a: zero[a] for a in DELEGATED}
+    expected["rebinder"] = {ATTENTION: losing(ATTENTION, "01-sdpa-test")}
     lost = {"partial": ["02-quantile-test", "02-decode-test"], "raises": ["02-quantile-test"],
             "loops": ["02-decode-test"], "hog": ["02-decode-test"], "edited": ["02-uniform-test"],
             "deleted": ["02-decode-test"], "encode_left": ["02-uniform-test"], "unsorted_edges": ["02-quantile-test"]}
@@ -212,10 +237,17 @@ def submissions(assignment) -> dict[str, nbformat.NotebookNode]:
     handed_in = {"solutions": answered(assignment)}
     if assignment in UNMODIFIED:
         handed_in["unmodified"] = student_notebook(assignment)
-    if assignment in BUGS:
-        handed_in["bug"] = one_bug(assignment, *BUGS[assignment])
+    if assignment in BUGGY:
+        grade_id, source = last_bug(assignment)
+        handed_in["bug"] = answered(assignment, {**dict.fromkeys(solution_sources(assignment)), grade_id: source})
+    if assignment in DELEGATED:
+        handed_in["delegator"] = delegating(assignment)
     if assignment == ATTENTION:
-        handed_in.update({student: one_bug(ATTENTION, *bug) for student, bug in ATTENTION_BUGS.items()})
+        handed_in.update({student: answered(ATTENTION, {**dict.fromkeys(solution_sources(ATTENTION)),
+                                                        grade_id: wrong_answer(ATTENTION, grade_id, why)})
+                          for student, (grade_id, why) in ATTENTION_BUGS.items()})
+        handed_in["rebinder"] = answered(ATTENTION, {**dict.fromkeys(solution_sources(ATTENTION)),
+                                                     "01-sdpa": wrong_answer(ATTENTION, "01-sdpa", REBOUND)})
     if assignment == CHEAP:
         handed_in.update(cheap_submissions())
     return handed_in

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ttlib import checks, planning, rollout, tools, viz
+from ttlib import model as ttlib_model
 from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
 from ttlib.model import GPTConfig, TrajectoryGPT
@@ -67,7 +68,7 @@ def solutions(name: str, student: bool = False) -> dict:
         body = ast.parse(cell.source).body
         imports_only = all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
         if grading(cell).get("solution"):
-            allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef)
+            allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
             assert all(isinstance(node, allowed) for node in body), f"{name} cell {i}: a solution cell only defines"
             source = student_version(cell.source) if student else cell.source
         elif imports_only:
@@ -261,47 +262,76 @@ def test_01_multi_head_attention_agrees_with_causal_self_attention():
                               lambda x, layer, m: layer(x, m), inputs, trials=15, atol=1e-5)
 
 
-# ---- 02: the KV cache ----------------------------------------------------------------------------------------------
-def test_02_cached_step_agrees_with_kv_cache():
-    step = solutions(COURSE_NOTEBOOKS[4])["cached_attention_step"]
+# ---- 04: the KV cache ----------------------------------------------------------------------------------------------
+def random_cache(rng, n_layer, batch, n_head, head_dim, capacity):
+    cache = KVCache(n_layer, batch, n_head, head_dim, capacity)
+    cache.k.normal_(), cache.v.normal_()  # noise in every slot: a write to the wrong slot shows
+    cache.length = int(rng.integers(0, capacity))
+    return cache
+
+
+def test_04_write_kv_agrees_with_kv_cache_write():
+    write_kv = solutions(COURSE_NOTEBOOKS[4])["write_kv"]
 
     def inputs(rng):
-        B, H, D = (int(x) for x in rng.integers(1, 5, size=3))
-        capacity = int(rng.integers(2, 40))
-        length = int(rng.integers(0, capacity))
-        T = int(rng.integers(1, capacity - length + 1))
-        allowed = torch.ones(T, length + T, dtype=torch.bool).tril(length)  # causal over the stored prefix
-        shape = (B, H, capacity, D)
-        return (*(torch.randn(B, H, T, D) for _ in range(3)), torch.randn(shape), torch.randn(shape), length, allowed)
+        n_layer, B, H, D = (int(x) for x in rng.integers(1, 4, size=4))
+        cache = random_cache(rng, n_layer, B, H, D, int(rng.integers(2, 30)))
+        T = int(rng.integers(1, cache.capacity - cache.length + 1))
+        return cache, int(rng.integers(0, n_layer)), torch.randn(B, H, T, D), torch.randn(B, H, T, D)
 
-    def reference(q, k, v, k_buf, v_buf, length, allowed):
-        B, H, capacity, D = k_buf.shape
-        cache = KVCache(2, B, H, D, capacity)
-        cache.k[1], cache.v[1], cache.length = k_buf, v_buf, length
-        keys, values = cache.write(1, k, v)
-        return explicit_attention(q, keys, values, allowed), cache.k[1], cache.v[1]
+    def run(write):
+        def call(cache, layer, k, v):
+            return (*write(cache, layer, k, v), cache.k, cache.v, cache.length)
+        return call
 
-    def yours(q, k, v, k_buf, v_buf, length, allowed):
-        return step(q, k, v, k_buf, v_buf, length, allowed), k_buf, v_buf
-
-    checks.check_function(yours, reference, inputs, trials=20, atol=1e-5)
+    checks.check_function(run(write_kv), run(lambda cache, *args: cache.write(*args)), inputs, trials=20, exact=True)
 
 
-def test_02_reorder_and_bytes_agree_with_kv_cache():
+def test_04_cached_attention_and_forward_agree_with_ttlib():
+    ns = solutions(COURSE_NOTEBOOKS[4])
+    given = next(c.source for c in read(COURSE_NOTEBOOKS[4]).cells if c.source.startswith("def heads("))
+    exec(given, ns)  # the per-position heads the notebook gives, which cached_forward calls
+
+    def inputs(rng):
+        H = int(rng.integers(1, 3))
+        config = GPTConfig(obs_dim=int(rng.integers(1, 4)), act_dim=int(rng.integers(1, 3)), n_bins=7,
+                           n_layer=int(rng.integers(1, 4)), n_head=H, n_embd=4 * H, n_transitions=3, dropout=0.0)
+        model = TrajectoryGPT(config).eval()
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        B, start = int(rng.integers(1, 4)), int(rng.integers(0, config.block_size))
+        cache = model.new_cache(B)
+        with torch.no_grad():
+            model(torch.as_tensor(rng.integers(0, 7, size=(B, start))), cache=cache)
+        T = int(rng.integers(1, config.block_size - start + 1))
+        return model, torch.as_tensor(rng.integers(0, 7, size=(B, T))), cache
+
+    def yours(model, bins, cache):
+        with torch.no_grad():
+            return ns["cached_forward"](model, bins, cache), cache.k, cache.v, cache.length
+
+    def reference(model, bins, cache):
+        with torch.no_grad():
+            return model(bins, cache=cache)[0], cache.k, cache.v, cache.length
+
+    checks.check_function(yours, reference, inputs, trials=20, atol=1e-4)
+
+
+def test_04_reorder_and_bytes_agree_with_kv_cache():
     ns = solutions(COURSE_NOTEBOOKS[4])
     rng = np.random.default_rng(0)
     for _ in range(15):
         n_layer, batch, n_head, head_dim, capacity = (int(x) for x in rng.integers(1, 6, size=5))
-        cache = KVCache(n_layer, batch, n_head, head_dim, capacity)
-        cache.k.normal_(), cache.v.normal_()
-        cache.length = int(rng.integers(0, capacity + 1))
+        cache = random_cache(rng, n_layer, batch, n_head, head_dim, capacity)
         indices = torch.as_tensor(rng.integers(0, batch, size=int(rng.integers(1, 2 * batch + 1))))
         assert ns["kv_cache_bytes"](n_layer, batch, n_head, head_dim, capacity) == cache.k.nbytes + cache.v.nbytes
-        k, v = ns["reorder_cache"](cache.k.clone(), cache.v.clone(), indices, cache.length)
         L = cache.length
+        yours = KVCache(n_layer, batch, n_head, head_dim, capacity)
+        yours.k, yours.v, yours.length = cache.k.clone(), cache.v.clone(), L
+        ns["reorder"](yours, indices)
         cache.reorder(indices)
-        checks.check_equal_arrays((k[:, :, :, :L], v[:, :, :, :L]), (cache.k[:, :, :, :L], cache.v[:, :, :, :L]),
-                                  "reordered cache")
+        checks.check_equal_arrays((yours.k[:, :, :, :L], yours.v[:, :, :, :L], yours.length),
+                                  (cache.k[:, :, :, :L], cache.v[:, :, :, :L], cache.length), "reordered cache")
 
 
 # ---- 03: the tokenizer ----------------------------------------------------------------------------------------------
@@ -335,7 +365,7 @@ def test_03_encode_and_decode_agree_with_the_tokenizer():
         checks.check_close(ns["decode"](bins, tokenizer.edges), tokenizer.decode(bins), "decoded", atol=1e-12)
 
 
-# ---- 04: the Trajectory GPT -------------------------------------------------------------------------------------
+# ---- 03: the Trajectory GPT -------------------------------------------------------------------------------------
 def random_gpt(rng, **overrides) -> TrajectoryGPT:
     config = dict(obs_dim=int(rng.integers(1, 6)), act_dim=int(rng.integers(1, 4)), n_bins=int(rng.integers(2, 40)),
                   n_layer=1, n_head=2, n_embd=8, n_transitions=int(rng.integers(1, 4)), dropout=0.0)
@@ -344,7 +374,7 @@ def random_gpt(rng, **overrides) -> TrajectoryGPT:
     return model
 
 
-def test_04_token_ids_agree_with_the_models_offsets():
+def test_03_token_ids_agree_with_the_models_offsets():
     token_ids = solutions(COURSE_NOTEBOOKS[3])["token_ids"]
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -356,7 +386,7 @@ def test_04_token_ids_agree_with_the_models_offsets():
         checks.check_equal_arrays(token_ids(bins, start, c.transition_dim, c.n_bins), expected, "token ids")
 
 
-def test_04_heads_agree_with_the_models_logits():
+def test_03_heads_agree_with_the_models_logits():
     heads = solutions(COURSE_NOTEBOOKS[3])["heads"]
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -376,7 +406,7 @@ def test_04_heads_agree_with_the_models_logits():
         checks.check_close(got, logits, f"heads (start {start})", atol=1e-5)
 
 
-def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
+def test_03_weighted_cross_entropy_agrees_with_the_models_loss():
     loss_fn = solutions(COURSE_NOTEBOOKS[3])["weighted_cross_entropy"]
     rng = np.random.default_rng(2)
     for _ in range(20):
@@ -390,7 +420,46 @@ def test_04_weighted_cross_entropy_agrees_with_the_models_loss():
             checks.check_close(loss_fn(logits, targets, mask, model.dim_weight), loss, "loss", atol=1e-5)
 
 
-def test_04_learning_rate_agrees_with_ttlib():
+def randomized(module: torch.nn.Module) -> torch.nn.Module:
+    """Every LayerNorm scale and every bias random too, so that a block that skips or swaps one shows."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "ln" in name:
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("weight") else 0.0))
+            elif name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+    return module
+
+
+def test_03_block_agrees_with_ttlibs_block():
+    ns = solutions(COURSE_NOTEBOOKS[3])
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        H, td = int(rng.integers(1, 4)), int(rng.integers(4, 8))
+        C, T = H * int(rng.integers(2, 9)), int(rng.integers(1, 3 * td))
+        config = GPTConfig(obs_dim=td - 3, act_dim=1, n_embd=C, n_head=H, dropout=0.0)
+        block = randomized(ttlib_model.Block(config)).eval()
+        mine = ns["Block"](C, H).eval()
+        mine.load_state_dict(block.state_dict())
+        x, allowed = torch.randn(2, T, C), ttlib_model.trajectory_mask(T, td)
+        with torch.no_grad():
+            checks.check_close(mine(x, allowed), block(x, allowed), "Block", atol=1e-5)
+
+
+def test_03_gpt_agrees_with_trajectory_gpt():
+    ns = solutions(COURSE_NOTEBOOKS[3])
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        model = randomized(random_gpt(rng, n_layer=int(rng.integers(1, 3))))
+        mine = ns["GPT"](model.config).eval()
+        mine.load_state_dict(model.state_dict())
+        c = model.config
+        bins = torch.as_tensor(rng.integers(0, c.n_bins, size=(3, int(rng.integers(1, c.block_size + 1)))))
+        with torch.no_grad():
+            checks.check_close(mine(bins), model(bins)[0], "GPT logits", atol=1e-5)
+
+
+def test_03_learning_rate_agrees_with_ttlib():
     lr_fn = solutions(COURSE_NOTEBOOKS[3])["learning_rate"]
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -600,6 +669,20 @@ def test_check_messages_tell_close_values_apart_and_hint_only_when_it_fits():
     assert "shape (0, 3) but should have shape (3, 0)" in message and "reshape" not in message
 
 
+def test_check_names_the_parts_of_a_tuple_it_lists():
+    with pytest.raises(AssertionError, match=r"^the v buffer after your call: 1 of 2 entries differ"):
+        checks.check_equal_arrays((np.zeros(2), np.array([0, 1])), (np.zeros(2), np.zeros(2)),
+                                  "(the k buffer after, the v buffer after) your call")
+    with pytest.raises(AssertionError, match=r"^pair\[1\]"):
+        checks.check_equal_arrays((0, 1), (0, 0), "pair")
+
+    def broken(x):
+        raise ValueError("no")
+
+    with pytest.raises(AssertionError, match=r"^your broken raised ValueError"):
+        checks.check_function(broken, lambda x: (x, x), lambda rng: 1.0, name="(a, b) of your broken")
+
+
 def test_check_equal_arrays_and_check_shape():
     assert "1 of 3 entries differ" in failure(checks.check_equal_arrays, np.array([1, 2, 3]), np.array([1, 2, 4]))
     checks.check_shape(torch.ones(2, 5), (2, None))
@@ -664,6 +747,23 @@ def test_plot_beam_tree_draws_every_candidate_and_the_best_path():
     fig, ax = plt.subplots()
     path = viz.plot_beam_tree(ax, trace, 3, 2, env=1)  # the chosen plan's score at every step
     assert len(path) == 3 and abs(path[-1] - float(plan.score[1])) < 1e-4
+    plt.close(fig)
+
+
+def test_token_layout_and_gpt_diagram_draw_every_token_and_block():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (layout, diagram) = plt.subplots(1, 2)
+    viz.plot_token_layout(layout, obs_dim=3, act_dim=2, n_transitions=2, n_bins=10)
+    texts = [t.get_text() for t in layout.texts]
+    assert viz.token_labels(3, 2, 14) == [t for t in texts if "." in t and not t.startswith("+")]
+    assert sum(p.get_hatch() == "///" for p in layout.patches) == 2, "the two value tokens are hatched"
+    assert "+40" in texts, "the last dimension's offset, 4 * n_bins"
+    viz.plot_gpt_block(diagram, n_layer=3)
+    words = " ".join(t.get_text() for t in diagram.texts)
+    assert all(w in words for w in ["ln_1", "ln_2", "ln_f", "MLP", "attention", "x 3", "head"])
     plt.close(fig)
 
 

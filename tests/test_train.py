@@ -26,7 +26,7 @@ def course_data():
 def small_config(**overrides):
     base = dict(n_layer=2, n_head=2, n_embd=64, n_transitions=4, batch_size=32, steps=300, warmup_steps=20,
                 eval_every=100, eval_batches=4, lr=3e-3, min_lr=3e-4)
-    return TrainConfig(**{**base, **overrides})
+    return TrainConfig.from_settings({**base, **overrides})
 
 
 def test_training_drives_the_loss_well_below_its_start(course_data, tmp_path):

@@ -79,14 +79,14 @@ def pendulum_dataset(dataset_id, episodes=3, steps=20, *, env=None, nan_at=None,
 
 
 def tiny_tt(dataset_id, out):
-    config = TrainConfig(dataset=dataset_id, steps=3, n_layer=1, n_embd=16, n_head=2, n_transitions=2,
-                         batch_size=4, eval_every=3, eval_batches=1, n_bins=10)
+    config = TrainConfig(dataset=dataset_id, steps=3, batch_size=4, eval_every=3, eval_batches=1,
+                         model=GPTConfig(n_layer=1, n_embd=16, n_head=2, n_transitions=2, n_bins=10))
     return train(config, out=str(out), progress=False)
 
 
 def tiny_dt(dataset_id, out=None):
-    config = dt.DTTrainConfig(dataset=dataset_id, steps=3, context=2, n_layer=1, n_embd=16, n_head=1,
-                              batch_size=4, eval_every=3, eval_batches=1)
+    config = dt.DTTrainConfig(dataset=dataset_id, steps=3, batch_size=4, eval_every=3, eval_batches=1,
+                              model=dt.DTConfig(context=2, n_layer=1, n_embd=16, n_head=1))
     return dt.train(config, out=out, progress=False)
 
 

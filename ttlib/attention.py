@@ -57,6 +57,9 @@ class KVCache:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0  # tokens stored per row
 
+    def __repr__(self) -> str:
+        return f"KVCache(length {self.length} of {self.capacity}, k and v {tuple(self.k.shape)})"
+
     @property
     def batch(self) -> int:
         return self.k.shape[1]

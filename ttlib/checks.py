@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ def _is_tensor(x) -> bool:
 
 def _to_numpy(x, name: str) -> np.ndarray:
     """numpy view of an answer; None and other non-arrays get a message instead of a numpy error."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if x is None:
         raise AssertionError(f"{name} is None: did your function forget to `return` its result?")
     if _is_tensor(x):
@@ -91,6 +93,7 @@ def _shape_message(name: str, got: tuple, expected: tuple) -> str:
 
 def _pair(got, expected, name: str):
     """(got, expected) as numpy arrays of the same shape, or an AssertionError that says why not."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     g, e = _to_numpy(got, name), _to_numpy(expected, f"the expected {name}")
     if g.shape != e.shape:
         raise AssertionError(_shape_message(name, g.shape, e.shape))
@@ -106,15 +109,33 @@ def _mismatch_message(name: str, bad: np.ndarray, g: np.ndarray, e: np.ndarray, 
 
 def _split_tuple(got, expected, name: str, check: Callable, **kwargs) -> bool:
     """Compare a tuple of results part by part. Returns False when `expected` is not a tuple (lists are arrays)."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if not isinstance(expected, tuple):
         return False
     if not isinstance(got, (tuple, list)):
         raise AssertionError(f"{name} should be a tuple of {len(expected)} results, got a {type(got).__name__}")
     if len(got) != len(expected):
         raise AssertionError(f"{name} should have {len(expected)} parts, got {len(got)}")
-    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-        check(g, e, f"{name}[{i}]", **kwargs)
+    for part, g, e in zip(_part_names(name, len(expected)), got, expected, strict=True):
+        check(g, e, part, **kwargs)
     return True
+
+
+def _part_names(name: str, n: int) -> list[str]:
+    """Names of a tuple's parts: "(keys, k_buf) after your call" -> "keys after your call", "k_buf after your
+    call" when the name lists n parts in parentheses; otherwise "name[0]", "name[1]", ..."""
+    listed = re.fullmatch(r"\(([^()]+)\)(.*)", name, re.S)
+    parts = [part.strip() for part in listed.group(1).split(",")] if listed else []
+    if len(parts) == n and all(parts):
+        return [part + listed.group(2) for part in parts]
+    return [f"{name}[{i}]" for i in range(n)]
+
+
+def _subject(name: str) -> str:
+    """What a name for listed parts is about: "(keys, k_buf) of your write_kv" -> "your write_kv"."""
+    listed = re.fullmatch(r"\(([^()]+)\)(.*)", name, re.S)
+    rest = listed.group(2).strip() if listed else ""
+    return rest[rest.find("your"):] if "your" in rest else rest or name
 
 
 def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: float = 0.0) -> None:
@@ -123,6 +144,7 @@ def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: f
     On failure the message gives both shapes (if they differ), or how many entries are off, the largest absolute
     difference and where it is, and a few expected-vs-got values.
     """
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if _split_tuple(got, expected, name, check_close, atol=atol, rtol=rtol):
         return
     g, e = _pair(got, expected, name)
@@ -149,6 +171,7 @@ def check_close(got, expected, name: str = "result", atol: float = 1e-5, rtol: f
 
 def check_equal_arrays(got, expected, name: str = "result") -> None:
     """Assert got == expected exactly, entry by entry (for integers such as bins and booleans such as masks)."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if _split_tuple(got, expected, name, check_equal_arrays):
         return
     g, e = _pair(got, expected, name)
@@ -159,6 +182,7 @@ def check_equal_arrays(got, expected, name: str = "result") -> None:
 
 def check_shape(got, shape, name: str = "result") -> None:
     """Assert got.shape matches `shape`; an entry None in `shape` matches any size on that axis."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     actual = tuple(got.shape) if hasattr(got, "shape") else _to_numpy(got, name).shape
     shape = tuple(shape)
     if len(actual) != len(shape):
@@ -169,14 +193,16 @@ def check_shape(got, shape, name: str = "result") -> None:
 
 def call(fn: Callable, *args, **kwargs) -> Any:
     """fn(*args, **kwargs), turning NotImplementedError (an unsolved exercise) into a friendly AssertionError."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as error:
         tb = error.__traceback__
         while tb.tb_next is not None:  # the function that raised it, not a wrapper around it
             tb = tb.tb_next
-        name = tb.tb_frame.f_code.co_name
-        name = name if name.isidentifier() else getattr(fn, "__name__", "this function")
+        code = tb.tb_frame.f_code
+        name = getattr(code, "co_qualname", code.co_name).split("<locals>.")[-1]  # MLP.forward (Python 3.11+)
+        name = name if name.replace(".", "_").isidentifier() else getattr(fn, "__name__", "this function")
         raise AssertionError(f"{name} is not implemented yet: fill in the cell above (replace the "
                              "`raise NotImplementedError()`) and run it, then run this cell again.") from None
 
@@ -190,7 +216,7 @@ def _describe(value) -> str:
         return text
     if isinstance(value, (list, tuple)) and len(value) > 8:
         return f"{type(value).__name__} of {len(value)} items"
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line, however long the repr (a module's is many)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -211,6 +237,7 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
     trial and describes the input on which `fn` first went wrong. `fn` runs inside `forbidding(*forbid)`; the
     reference does not.
     """
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     name = name or getattr(fn, "__name__", "your function")
     for trial in range(trials):
         rng = np.random.default_rng(seed + trial)
@@ -236,7 +263,7 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
         except AssertionError:
             raise
         except Exception as error:
-            raise AssertionError(f"{name} raised {type(error).__name__}: {error}\n  ({where})") from error
+            raise AssertionError(f"{_subject(name)} raised {type(error).__name__}: {error}\n  ({where})") from error
         try:
             if exact:
                 check_equal_arrays(got, expected, name)
@@ -249,6 +276,7 @@ def check_function(fn: Callable, reference: Callable, make_inputs: Callable, tri
 # ---- your own code, not the reference's ------------------------------------------------------------------------
 def check_own_code(obj, name: str = "your function") -> None:
     """`obj` (a function or class) was written in the notebook, not imported from a module."""
+    __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     module = getattr(obj, "__module__", None)
     if module != "__main__":
         raise AssertionError(f"{name} comes from the module `{module}`, not from this notebook: the exercise asks "
@@ -259,6 +287,7 @@ _REFUSAL = "<refused>"  # the message constant that `forbidding` replaces in a c
 
 
 def _refuse(*args, **kwargs):
+    __tracebackhide__ = True
     raise AssertionError("<refused>")
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 
 from . import data as ttdata
 
@@ -48,8 +47,8 @@ def _cmd_train(args):
         return _cmd_train_dt(args)
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
         raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
-    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
-    config = TrainConfig(**{**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
+    overrides = _given_settings(args, TrainConfig)
+    config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
     result = train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
     _trained(args, f"trained {config.steps} steps: train loss {last['train_loss']:.3f}, validation loss "
@@ -73,21 +72,26 @@ def _resumed_config(args, config_class, kind: str) -> dict:
         return {}
     from .train import read_checkpoint
 
-    saved = read_checkpoint(args.resume, kind=kind).get("train_config") or {}
-    return {f.name: saved[f.name] for f in fields(config_class) if f.name in saved}
+    saved = read_checkpoint(args.resume, kind=kind).get("train_config")
+    return config_class.from_settings(saved).settings() if saved else {}
+
+
+def _given_settings(args, config_class) -> dict:
+    """The settings of `config_class` given on the command line (an option left out is None)."""
+    names = config_class().settings()
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def _cmd_train_dt(args):
     from . import dt
     from .train import TrainConfig
 
-    names = {f.name for f in fields(dt.DTTrainConfig)}
-    given = {f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
-    if given - names:
-        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given - names))
+    given = set(_given_settings(args, TrainConfig)) - set(dt.DTTrainConfig().settings())
+    if given:
+        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
         raise ValueError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
-    overrides = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    config = dt.DTTrainConfig(**{**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
+    overrides = _given_settings(args, dt.DTTrainConfig)
+    config = dt.DTTrainConfig.from_settings({**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
     result = dt.train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
     _trained(args, f"trained a Decision Transformer {config.steps} steps in {result.seconds:.0f} s: train loss "
@@ -323,9 +327,9 @@ def _add_train(sub) -> None:
     p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
     p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
     p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
-    for f in fields(TrainConfig):
-        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None,
-                       help=f"default {f.default}")
+    for name, default in TrainConfig().settings().items():  # the model's settings among them (--n-layer, ...)
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=None,
+                       help=f"default {default}")
     p.set_defaults(func=_cmd_train)
 
 

@@ -31,7 +31,7 @@ default keep = K // 2 pays one fresh pass every K // 2 + 1 steps and otherwise f
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from torch import nn
 from . import data as ttdata
 from . import validate
 from .attention import KVCache
-from .model import Block, TrajectoryGPT
+from .model import Block, TrajectoryGPT, check_dims
 from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
 from .train import (
     CheckpointError,
@@ -50,7 +50,6 @@ from .train import (
     fit,
     load_and_split,
     load_weights,
-    model_config_from,
     pick_device,
     read_checkpoint,
     start_training,
@@ -62,8 +61,8 @@ COURSE_CHECKPOINT = "dt_lunarlander.pt"  # the shipped Decision Transformer for 
 
 @dataclass
 class DTConfig:
-    obs_dim: int  # observation dimensions
-    act_dim: int  # action dimensions
+    obs_dim: int = 0  # observation dimensions (0 in a training config: the data decide)
+    act_dim: int = 0  # action dimensions (0 in a training config: the data decide)
     context: int = 20  # K: the longest context, in (return, state, action) triples
     n_layer: int = 3  # transformer blocks
     n_head: int = 1  # attention heads per block
@@ -95,6 +94,7 @@ def interleave(returns: torch.Tensor, states: torch.Tensor, actions: torch.Tenso
 class DecisionTransformer(nn.Module):
     def __init__(self, config: DTConfig):
         super().__init__()
+        check_dims(config)
         self.config = config
         C = config.n_embd
         self.embed_return = nn.Linear(1, C)
@@ -214,13 +214,7 @@ class Windows:
 
 @dataclass
 class DTTrainConfig(RunConfig):
-    context: int = 20  # K, in triples
-    n_layer: int = 3  # transformer blocks
-    n_head: int = 1  # attention heads
-    n_embd: int = 128  # model width
-    dropout: float = 0.1  # dropout during training
-    rtg_scale: float = 100.0  # returns-to-go are divided by this
-    max_timestep: int = 1000  # timestep embedding rows (the environment's episode limit)
+    model: DTConfig = field(default_factory=DTConfig)  # the model's shape (its obs/act dims and bounds: the data's)
     batch_size: int = 32  # windows per step
     steps: int = 1000  # optimiser steps in total (a few minutes on a CPU)
     warmup_steps: int = 200  # linear warmup from 0 to lr
@@ -228,9 +222,10 @@ class DTTrainConfig(RunConfig):
     grad_clip: float = 0.25  # clip the gradient's global norm to this
 
     def model_config(self, obs_dim: int, act_dim: int, action_bounds=None) -> DTConfig:
-        """action_bounds: (low, high) lists the actions span, None for [-1, 1] (validate.action_bounds)."""
+        """The model for this data; action_bounds: (low, high) lists the actions span, None for [-1, 1]
+        (validate.action_bounds)."""
         low, high = action_bounds if action_bounds is not None else (None, None)
-        return model_config_from(self, DTConfig, obs_dim=obs_dim, act_dim=act_dim, action_low=low, action_high=high)
+        return replace(self.model, obs_dim=obs_dim, act_dim=act_dim, action_low=low, action_high=high)
 
 
 @dataclass
@@ -255,14 +250,14 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
     model = model.to(device)
     state, _ = start_training(model, config, resume, kind=KIND)
 
-    train_windows, val_windows = Windows(train_data, config.context), Windows(val_data, config.context)
+    train_windows, val_windows = Windows(train_data, config.model.context), Windows(val_data, config.model.context)
     val_generator = torch.Generator().manual_seed(config.seed + 1)
     t0 = time.perf_counter()
     tokens_per_second = fit(
         model, None, config, state, dataset_summary(data),
         lambda: train_windows.sample(config.batch_size, state.generator, device),
         (lambda: val_windows.sample(config.batch_size, val_generator, device)) if len(val_windows) else None,
-        out=out, kind=KIND, tokens_per_step=config.batch_size * 3 * config.context, progress=progress)
+        out=out, kind=KIND, tokens_per_step=config.batch_size * 3 * config.model.context, progress=progress)
     return DTTrainResult(model, state.history, tokens_per_second, time.perf_counter() - t0)
 
 

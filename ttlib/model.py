@@ -26,8 +26,8 @@ from .attention import CausalSelfAttention, KVCache
 
 @dataclass
 class GPTConfig:
-    obs_dim: int  # observation dimensions per transition
-    act_dim: int  # action dimensions per transition
+    obs_dim: int = 0  # observation dimensions per transition (0 in a training config: the data decide)
+    act_dim: int = 0  # action dimensions per transition (0 in a training config: the data decide)
     n_bins: int = 100  # bins (vocabulary size) per dimension
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
@@ -74,6 +74,13 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def check_dims(config) -> None:
+    """A model needs its data's dimensions; a training config leaves them 0 until training reads the data."""
+    if config.obs_dim < 1 or config.act_dim < 1:
+        raise ValueError(f"{type(config).__name__} needs obs_dim and act_dim of at least 1, got {config.obs_dim} and "
+                         f"{config.act_dim}: set them from the data (train() does)")
+
+
 def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
     """(n_tokens, n_tokens) bool, query x key: causal, and no query ever attends to a value token (the last of each
     transition), because a value summarises rewards that come later."""
@@ -85,6 +92,7 @@ def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
 class TrajectoryGPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        check_dims(config)
         self.config = config
         td, C = config.transition_dim, config.n_embd
         self.tok_emb = nn.Embedding(td * config.n_bins, C)  # one vocabulary slice per dimension

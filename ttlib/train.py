@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -54,17 +54,37 @@ class RunConfig:
     seed: int = 0  # seeds the split, initial weights and batch order
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
 
+    def settings(self) -> dict:
+        """Every setting in one flat dict, the model's among them: what command-line options and resume checks
+        name. (A model's obs/act dims and action bounds are the data's, not settings.)"""
+        run = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        model = {f.name: getattr(self.model, f.name) for f in fields(self.model) if f.name not in FROM_DATA}
+        return {**run, **model}
+
+    @classmethod
+    def from_settings(cls, settings: dict):
+        """The config for a flat dict of settings (see `settings`; unknown names are refused). Also reads a
+        checkpoint's saved config, nested (`{"model": {...}}`) or flat."""
+        settings = {**settings, **settings.get("model", {})} if isinstance(settings.get("model"), dict) else settings
+        settings = {k: v for k, v in settings.items() if k != "model" and k not in FROM_DATA}
+        model_class = next(f for f in fields(cls) if f.name == "model").default_factory
+        model_names = {f.name for f in fields(model_class)}
+        run_names = {f.name for f in fields(cls)} - {"model"}
+        unknown = set(settings) - model_names - run_names
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no setting {', '.join(sorted(unknown))}")
+        model = model_class(**{k: v for k, v in settings.items() if k in model_names})
+        return cls(**{k: v for k, v in settings.items() if k in run_names}, model=model)
+
+
+FROM_DATA = ("obs_dim", "act_dim", "action_low", "action_high")  # model fields the dataset decides
+
 
 @dataclass
 class TrainConfig(RunConfig):
+    model: GPTConfig = field(default_factory=GPTConfig)  # the model's shape and loss weights (obs/act: the data's)
     gamma: float = 0.99  # discount of the value targets
-    n_bins: int = 100  # bins per dimension
-    strategy: str = "quantile"  # bin placement: "quantile" or "uniform"
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads
-    n_embd: int = 128  # model width
-    n_transitions: int = 10  # window length in transitions
-    dropout: float = 0.1  # dropout during training (three passes over the data: enough to start overfitting)
+    strategy: str = "quantile"  # bin placement: "quantile" or "uniform" (the model's n_bins bins per dimension)
     batch_size: int = 64  # windows per step
     steps: int = 5400  # optimiser steps in total (about three passes over the course data)
     warmup_steps: int = 100  # linear warmup from 0 to lr
@@ -72,14 +92,8 @@ class TrainConfig(RunConfig):
     grad_clip: float = 1.0  # clip the gradient's global norm to this
 
     def model_config(self, obs_dim: int, act_dim: int) -> GPTConfig:
-        return model_config_from(self, GPTConfig, obs_dim=obs_dim, act_dim=act_dim)
-
-
-def model_config_from(config, model_class, **from_data):
-    """The model's config a training config asks for: every field of `model_class` that the training config has
-    too (n_layer, n_embd, dropout, ...), plus the ones the data decide (`from_data`: obs_dim, act_dim, ...)."""
-    shared = {f.name: getattr(config, f.name) for f in fields(model_class) if hasattr(config, f.name)}
-    return model_class(**{**shared, **from_data})
+        """The model for data with these dimensions."""
+        return replace(self.model, obs_dim=obs_dim, act_dim=act_dim)
 
 
 @dataclass
@@ -225,10 +239,10 @@ def load_weights(model: torch.nn.Module, state: dict, source: str = "checkpoint"
 def check_resume(config, payload: dict, source: str) -> None:
     """A resumed run must have the checkpoint's settings, except RESUMABLE ones; else CheckpointError naming
     every setting that differs (as a command-line option) and both values."""
-    saved = payload.get("train_config") or {}
-    differ = [f"--{f.name.replace('_', '-')} {getattr(config, f.name)} (checkpoint: {saved[f.name]})"
-              for f in fields(config) if f.name in saved and f.name not in RESUMABLE
-              and getattr(config, f.name) != saved[f.name]]
+    saved = type(config).from_settings(payload["train_config"]).settings() if payload.get("train_config") else {}
+    differ = [f"--{name.replace('_', '-')} {value} (checkpoint: {saved[name]})"
+              for name, value in config.settings().items() if name in saved and name not in RESUMABLE
+              and value != saved[name]]
     if differ:
         raise CheckpointError(f"cannot resume {source} with other settings: {', '.join(differ)}; leave them out "
                               "to continue with the checkpoint's own, or start a new run without --resume")
@@ -267,14 +281,14 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
     data, train_data, val_data = load_and_split(config, data, config.gamma, progress)
-    tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.n_bins, config.strategy)
+    tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.model.n_bins, config.strategy)
     model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device)
     state, payload = start_training(model, config, resume, kind="trajectory-gpt")
     if payload is not None:
         tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])  # the windows need the saved bins
 
-    train_bins, train_mask = window_tokens(train_data, tokenizer, config.n_transitions)
-    val_bins, val_mask = window_tokens(val_data, tokenizer, config.n_transitions)
+    train_bins, train_mask = window_tokens(train_data, tokenizer, config.model.n_transitions)
+    val_bins, val_mask = window_tokens(val_data, tokenizer, config.model.n_transitions)
     val_generator = torch.Generator().manual_seed(config.seed + 1)
 
     def next_val_batch():
