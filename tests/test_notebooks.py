@@ -178,8 +178,20 @@ def test_student_version_raises_not_implemented(name):
     for fn_name in names:
         fn = student[fn_name]
         n_args = fn.__code__.co_argcount - len(fn.__defaults__ or ())
+        args = STUB_INPUTS[fn_name]() if fn_name in STUB_INPUTS else [None] * n_args
         with pytest.raises(AssertionError, match=f"{fn_name} is not implemented yet"):
-            checks.call(fn, *[None] * n_args)
+            checks.call(fn, *args)
+
+
+def tiny_search_inputs():
+    """Inputs for a search loop whose given set-up runs before the first stub: model, tokenizer, prefix, keys,
+    config."""
+    model = TrajectoryGPT(GPTConfig(obs_dim=1, act_dim=1, n_bins=4, n_layer=1, n_head=1, n_embd=4, n_transitions=2))
+    tokenizer = TrajectoryTokenizer.fit(np.random.default_rng(0).normal(size=(20, 4)), 1, 1, 4)
+    return model, tokenizer, torch.zeros(1, 1, dtype=torch.long), torch.tensor([1]), planning.PlannerConfig(horizon=2)
+
+
+STUB_INPUTS = {"beam_search": tiny_search_inputs}  # exercises whose stub needs real inputs to reach its stub
 
 
 # ---- 00: values, returns, scores --------------------------------------------------------------------------------
@@ -505,6 +517,38 @@ def test_05_best_children_agrees_with_ttlib():
     checks.check_function(best, planning.best_children, inputs, trials=60, exact=True)
 
 
+def test_05_beam_search_makes_beam_plans_plan():
+    """The notebook's search loop (with its own sampler, score and selection) makes beam_plan's plan in float64,
+    on either decoder, for random models and settings."""
+    namespace = solutions(COURSE_NOTEBOOKS[5])
+    search = namespace["beam_search"]
+    rng = np.random.default_rng(15)
+    for trial in range(12):
+        model = random_gpt(rng, n_transitions=int(rng.integers(2, 5))).double()
+        c = model.config
+        tokenizer = TrajectoryTokenizer.fit(rng.normal(size=(300, c.transition_dim)) * 5, c.obs_dim, c.act_dim,
+                                            c.n_bins)
+        context = int(rng.integers(1, c.n_transitions))
+        config = planning.PlannerConfig(beam_width=int(rng.integers(1, 6)), sample_expand=int(rng.integers(1, 4)),
+                                        horizon=int(rng.integers(1, c.n_transitions - context + 2)), context=context,
+                                        top_k_action=None if trial % 2 else int(rng.integers(1, c.n_bins + 1)),
+                                        gamma=float(rng.uniform(0.5, 1.0)), value_weight=float(rng.uniform(0, 2)))
+        E = int(rng.integers(1, 4))
+        prefix = torch.as_tensor(rng.integers(0, c.n_bins, size=(E, (context - 1) * c.transition_dim + c.obs_dim)))
+        keys = torch.as_tensor(rng.integers(0, 2**40, size=E))
+        expected_trace, trace = [], []
+        expected = planning.beam_plan(model, tokenizer, prefix, keys, config, trace=expected_trace)
+        decoder = planning.RecomputeDecoder if trial % 3 == 0 else planning.CachedDecoder
+        got = search(model, tokenizer, prefix, keys, config, decoder, trace)
+        assert torch.equal(got.bins, expected.bins)
+        for name in ("score", "rewards", "values", "actions", "observations"):
+            torch.testing.assert_close(getattr(got, name), getattr(expected, name), atol=1e-6, rtol=0)
+        for (score, keep), (expected_score, expected_keep) in zip(trace, expected_trace, strict=True):
+            torch.testing.assert_close(score, expected_score, atol=1e-9, rtol=0)
+            # the kept scores: children with identical tokens tie, and rounding may keep either of them
+            torch.testing.assert_close(score[keep], expected_score[expected_keep], atol=1e-9, rtol=0)
+
+
 # ---- 06: vectorized rollouts ----------------------------------------------------------------------------------
 def test_06_encode_transition_agrees_with_contexts():
     encode = solutions(COURSE_NOTEBOOKS[6])["encode_transition"]
@@ -718,6 +762,27 @@ def test_attention_maps_are_the_models_weights():
         y = block.attn.proj((maps[0] @ v).transpose(1, 2).reshape(2, T, 8))
         torch.testing.assert_close(y, block.attn(h, model.allowed[:T, :T]), atol=1e-6, rtol=0)
     assert viz.token_labels(2, 1, 6) == ["s0.0", "s1.0", "a0.0", "r.0", "V.0", "s0.1"]
+
+
+def test_plot_beam_tree_draws_every_candidate_and_the_best_path():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    model = random_gpt(np.random.default_rng(1), n_transitions=4)
+    c = model.config
+    tokenizer = TrajectoryTokenizer.fit(np.random.default_rng(2).normal(size=(100, c.transition_dim)), c.obs_dim,
+                                        c.act_dim, c.n_bins)
+    config = planning.PlannerConfig(beam_width=3, sample_expand=2, horizon=3, context=1)
+    trace = []
+    plan = planning.beam_plan(model, tokenizer, torch.zeros(2, c.obs_dim, dtype=torch.long), torch.tensor([5, 6]),
+                              config, trace=trace)
+    assert len(trace) == 3 and trace[0][0].shape == (12,) and trace[0][1].shape == (6,)
+    fig, ax = plt.subplots()
+    path = viz.plot_beam_tree(ax, trace, 3, 2, env=1)  # the chosen plan's score at every step
+    assert len(path) == 3 and abs(path[-1] - float(plan.score[1])) < 1e-4
+    plt.close(fig)
 
 
 def test_token_layout_and_gpt_diagram_draw_every_token_and_block():

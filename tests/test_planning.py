@@ -235,3 +235,34 @@ def test_planning_runs_in_evaluation_mode_and_restores_the_mode():
     again = beam_plan(model, tok, prefix, keys, config)
     assert model.training
     assert torch.equal(reference.bins, again.bins)
+
+
+def test_plan_score_is_the_score_beam_plan_ranks_by():
+    model, tok = tiny(torch.float64, 1)
+    prefix = prefix_for(model, 2, 2, 1)
+    config = PlannerConfig(beam_width=3, horizon=3, sample_expand=2, context=2, gamma=0.9)
+    plan = beam_plan(model, tok, prefix, torch.tensor([1, 2]), config)
+    score = planning.plan_score(plan.rewards.double(), plan.values[:, -1].double(), 0.9)
+    torch.testing.assert_close(score.float(), plan.score, atol=1e-4, rtol=1e-5)
+    got = planning.plan_score(torch.tensor([[1.0, 2.0, 4.0]]), torch.tensor([8.0]), 0.5)
+    assert torch.allclose(got, torch.tensor([4.0]))
+
+
+def test_trace_records_every_step_and_changes_nothing():
+    model, tok = tiny(torch.float64, 2)
+    prefix = prefix_for(model, 2, 2, 2)
+    config = PlannerConfig(beam_width=3, horizon=3, sample_expand=2, context=2)
+    trace = []
+    traced = beam_plan(model, tok, prefix, torch.tensor([7, 8]), config, trace=trace)
+    assert torch.equal(traced.bins, beam_plan(model, tok, prefix, torch.tensor([7, 8]), config).bins)
+    assert len(trace) == 3
+    for score, keep in trace:
+        assert score.shape == (12,) and keep.shape == (6,)
+        assert (keep[:3] < 6).all() and (keep[3:] >= 6).all()  # each environment keeps its own children
+    torch.testing.assert_close(trace[-1][0][trace[-1][1]].view(2, 3).max(dim=1).values.float(), traced.score)
+
+
+def test_token_names_follow_the_generated_layout():
+    names = [planning.token_name(j, obs_dim=2, act_dim=1) for j in range(7)]
+    assert names == ["step 0, action dim 0", "step 0, reward", "step 0, value", "step 0, observation dim 0 (after it)",
+                     "step 0, observation dim 1 (after it)", "step 1, action dim 0", "step 1, reward"]

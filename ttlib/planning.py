@@ -218,6 +218,24 @@ def best_children(score: torch.Tensor, n_envs: int, beam_width: int) -> torch.Te
     return (order + torch.arange(n_envs, device=score.device)[:, None] * R).reshape(-1)
 
 
+def plan_score(rewards: torch.Tensor, value: torch.Tensor, gamma: float) -> torch.Tensor:
+    """The score of finished plans: rewards (B, T) expected, value (B,) expected after the last step -> (B,)
+    sum_k gamma^k rewards[:, k] + gamma^T value. `beam_plan` keeps the same sum as it goes, step by step."""
+    T = rewards.shape[1]
+    discounts = gamma ** torch.arange(T, dtype=rewards.dtype, device=rewards.device)  # (T,)
+    return (rewards * discounts).sum(dim=1) + gamma**T * value
+
+
+def token_name(j: int, obs_dim: int, act_dim: int) -> str:
+    """What generated token j of a plan is: 'step 1, action dim 0', 'step 0, reward', 'step 2, observation dim 3'."""
+    step, i = divmod(j, act_dim + 2 + obs_dim)  # per step: action, reward, value, next observation
+    if i < act_dim:
+        return f"step {step}, action dim {i}"
+    if i - act_dim < 2:
+        return f"step {step}, {('reward', 'value')[i - act_dim]}"
+    return f"step {step}, observation dim {i - act_dim - 2} (after it)"
+
+
 def tokens_fed(obs_dim: int, act_dim: int, horizon: int) -> int:
     """Tokens a plan feeds to the model after the context: actions+reward each step, value+obs between steps."""
     return horizon * (act_dim + 1) + (horizon - 1) * (1 + obs_dim)
@@ -232,19 +250,20 @@ def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
 
 
 def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
-              config: PlannerConfig, buffers: BufferPool | None = None) -> Plan:
+              config: PlannerConfig, buffers: BufferPool | None = None, trace: list | None = None) -> Plan:
     """Plan for E environments at once.
 
     prefix (E, P): every environment's context as bins, ending with its current observation (all E the same
     length). keys (E,) int64: one random key per environment and decision (e.g. hash of seed and step).
     buffers: the fused decoder's cache buffers, kept from one call to the next by whoever plans again and again
     (a rollout); None allocates fresh ones. The model plans in evaluation mode (no dropout); its mode is
-    restored afterwards.
+    restored afterwards. trace: a list to which every step appends (score (E*W*X,) of its children, keep (E*W,)
+    the rows it kept), on the CPU: the search tree, for `viz.plot_beam_tree`.
     """
     was_training = model.training
     model.eval()
     try:
-        return _beam_plan(model, tokenizer, prefix, keys, config, buffers)
+        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace)
     finally:
         model.train(was_training)
 
@@ -280,7 +299,7 @@ class Beams:
 
 
 @torch.inference_mode()
-def _beam_plan(model, tokenizer, prefix, keys, config, buffers) -> Plan:
+def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None) -> Plan:
     config.validate()
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
@@ -315,6 +334,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers) -> Plan:
         score = beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
 
         keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
+        if trace is not None:
+            trace.append((score.cpu().clone(), keep.cpu().clone()))
         beams, score, value_bins = beams.rows(keep), score[keep], value_bins[keep]
         beams.append(value_bins)
         if t == H - 1:  # after the last step's selection no token is fed: the cache need not follow
@@ -332,9 +353,14 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers) -> Plan:
 
 
 def _decode_plan(tokenizer, best: Beams, score, horizon) -> Plan:
-    """Cut the generated bins (E, n) of the best plans into actions and observations and decode them."""
+    return decode_plan(tokenizer, best.generated, best.rewards, best.values, score, horizon)
+
+
+def decode_plan(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
+                score: torch.Tensor, horizon: int) -> Plan:
+    """The best plans as a Plan: bins (E, n) generated, rewards and values (E, H) expected, score (E,). Cuts the
+    bins into actions and observations and decodes them."""
     O, A = tokenizer.obs_dim, tokenizer.act_dim
-    bins = best.generated
     E = bins.shape[0]
     step = A + 2 + O  # generated tokens per step: action, reward, value, next observation
     padded = torch.cat([bins, bins.new_zeros(E, step * horizon - bins.shape[1])], dim=1)
@@ -343,5 +369,5 @@ def _decode_plan(tokenizer, best: Beams, score, horizon) -> Plan:
     observations = tokenizer.decode(per_step[:, :-1, A + 2:], dims=slice(0, O))  # (E, H-1, O)
     return Plan(actions=torch.as_tensor(actions, dtype=torch.float32),
                 observations=torch.as_tensor(observations, dtype=torch.float32),
-                rewards=best.rewards.float().cpu(), values=best.values.float().cpu(), score=score.float().cpu(),
+                rewards=rewards.float().cpu(), values=values.float().cpu(), score=score.float().cpu(),
                 bins=bins.cpu())

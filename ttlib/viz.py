@@ -301,3 +301,49 @@ def plot_reorder(ax, indices, batch: int, title: str = ""):
     ax.axis("off")
     if title:
         ax.set_title(title)
+
+
+# ---- beam search -----------------------------------------------------------------------------------------------
+def plot_beam_tree(ax, trace, beam_width: int, sample_expand: int, env: int = 0, title: str = ""):
+    """The search tree of one environment from a beam search's trace (`beam_plan(..., trace=[])` fills one): a list
+    of (score (E*W*X,) of every child, keep (E*W,) the rows kept), one pair per planned step.
+
+    Column t holds step t's candidates, ranked by score (the best on top); each hangs from the beam it was expanded
+    from. Kept candidates (the best W) are blue, dropped ones grey, and the plan finally chosen is red, from the
+    present (the root) to its last step. Returns the best plan's scores, one per step."""
+    W, X = beam_width, sample_expand
+    R = W * X  # children per environment and step
+    scores = [np.asarray(torch.as_tensor(score).double().cpu())[env * R:(env + 1) * R] for score, _ in trace]  # (R,)
+    kept = [np.asarray(torch.as_tensor(keep).cpu())[env * W:(env + 1) * W] - env * R for _, keep in trace]  # (W,)
+    ranks = [np.argsort(np.argsort(-score, kind="stable"), kind="stable") for score in scores]  # (R,) 0 = best
+    for t, score in enumerate(scores):
+        # child c of step t was expanded from beam c // X, which was child kept[t-1][c // X] of the step before
+        parent_y = np.zeros(R) if t == 0 else ranks[t - 1][kept[t - 1][np.arange(R) // X]]
+        is_kept = np.zeros(R, bool)
+        is_kept[kept[t]] = True
+        for group, color, lw in [(~is_kept, "0.8", 0.5), (is_kept, "tab:blue", 0.9)]:  # the kept ones on top
+            xs = np.stack([np.full(group.sum(), t), np.full(group.sum(), t + 1), np.full(group.sum(), np.nan)])
+            ys = np.stack([parent_y[group], ranks[t][group], np.full(group.sum(), np.nan)])
+            ax.plot(xs.T.ravel(), ys.T.ravel(), color=color, lw=lw)
+        ax.plot(np.full((~is_kept).sum(), t + 1), ranks[t][~is_kept], "o", color="0.7", ms=3,
+                label="dropped" if t == 0 else None)
+        ax.plot(np.full(is_kept.sum(), t + 1), ranks[t][is_kept], "o", color="tab:blue", ms=4,
+                label=f"kept: the best {W} of {R}" if t == 0 else None)
+        ax.annotate(f"best {score.max():.1f}\nworst {score.min():.1f}", (t + 1, -0.5), ha="center", va="bottom",
+                    fontsize=7, annotation_clip=False)
+    # the chosen plan, followed back from the last step's best kept child to the root
+    child, path = int(kept[-1][np.argmax(scores[-1][kept[-1]])]), []
+    for t in reversed(range(len(scores))):
+        path.append((ranks[t][child], scores[t][child]))
+        if t > 0:
+            child = int(kept[t - 1][child // X])
+    path.reverse()
+    ax.plot(range(len(scores) + 1), [0, *(y for y, _ in path)], "-o", color="tab:red", lw=2, ms=5,
+            label="the plan chosen")
+    ax.plot([0], [0], "ks", ms=7, label="now: the context")
+    ax.axhline(W - 0.5, color="tab:blue", ls=":", lw=1)
+    ax.set_ylim(R - 0.5 + R / 30, -0.5 - R / 8)  # the best on top, room for the labels
+    ax.set_xticks(range(len(scores) + 1), ["now"] + [f"step {t}" for t in range(len(scores))])
+    ax.set(xlabel="planned step", ylabel="rank of the candidate's score in its step", title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
+    return [score for _, score in path]
