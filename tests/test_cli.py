@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ttlib import data as ttdata
@@ -91,3 +92,7 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     out = json.loads(result.stdout)
     assert out["episodes"] == 2 and out["steps"] == 10 and "dataset_mean_return" in out
     assert out["expert_mean_return"] > out["dataset_mean_return"]
+    returns = np.array(out["returns"])  # the report's statistics are those of its own returns
+    assert out["seeds"] == [0, 1] and out["mean_return"] == pytest.approx(returns.mean())
+    assert out["stderr_return"] == pytest.approx(returns.std(ddof=1) / np.sqrt(2))
+    assert out["below_zero_fraction"] == pytest.approx((returns < 0).mean())

@@ -8,7 +8,7 @@ from ttlib import data as ttdata
 from ttlib import rollout
 from ttlib.model import GPTConfig, TrajectoryGPT
 from ttlib.planning import PlannerConfig
-from ttlib.rollout import evaluate, save_video
+from ttlib.rollout import EvalResult, evaluate, save_video
 from ttlib.tokenizer import TrajectoryTokenizer
 
 ENV = "LunarLanderContinuous-v3"
@@ -97,3 +97,14 @@ def test_a_scheduled_vector_env_plays_evaluates_episodes_through_its_autoresets(
         autoreset = terminated | truncated
     envs.close()
     assert seen == schedule
+
+
+def test_return_stats_give_the_standard_error_and_the_share_below_zero():
+    result = EvalResult(seeds=[0, 1, 2, 3], returns=np.array([-10.0, 20.0, 30.0, 40.0]), lengths=np.ones(4, int),
+                        seconds=1.0)
+    stats = result.return_stats()
+    assert stats["mean_return"] == 20.0 and stats["below_zero_fraction"] == 0.25
+    assert stats["stderr_return"] == pytest.approx(np.std([-10, 20, 30, 40], ddof=1) / 2)
+    assert "+- 10.8 (SE)" in result.summary() and "25% below zero" in result.summary()
+    one = EvalResult(seeds=[7], returns=np.array([5.0]), lengths=np.ones(1, int), seconds=1.0)
+    assert one.return_stats()["stderr_return"] is None and "SE" not in one.summary()

@@ -111,8 +111,7 @@ def _cmd_evaluate_dt(args):
     result = dt.evaluate(model, env_id, seeds, target, env_kwargs=env_kwargs,
                          vectorized=not args.sequential, n_envs=args.n_envs, max_steps=args.max_steps,
                          record=args.video is not None)
-    report = {"model": "dt", "episodes": len(seeds), "target_return": target,
-              "mean_return": float(result.returns.mean()), "std_return": float(result.returns.std()),
+    report = {"model": "dt", "target_return": target, **result.return_stats(),
               "returns": result.returns.tolist(), "steps": result.steps, "seconds": result.seconds,
               "dataset_mean_return": info["mean_return"],
               "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert")}
@@ -210,9 +209,8 @@ def _cmd_evaluate(args):
         result = evaluate(model, tokenizer, env_id, seeds, _planner_from(args),
                           env_kwargs=env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
                           max_steps=args.max_steps, record=args.video is not None)
-    report = {"episodes": len(seeds), "mean_return": float(result.returns.mean()),
-              "std_return": float(result.returns.std()), "returns": result.returns.tolist(),
-              "steps": result.steps, "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
+    report = {**result.return_stats(), "returns": result.returns.tolist(), "steps": result.steps,
+              "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
               "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
               "clipped_observations": result.clipped_observations}
     if args.workers is not None:

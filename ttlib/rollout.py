@@ -43,9 +43,22 @@ class EvalResult:
     def steps(self) -> int:
         return int(self.lengths.sum())
 
+    def return_stats(self) -> dict:
+        """The returns in figures a comparison can trust: the mean with its standard error (None for one episode),
+        the spread, and the share of episodes that ended below zero (crashes, mostly)."""
+        n = len(self.returns)
+        stderr = float(self.returns.std(ddof=1) / np.sqrt(n)) if n > 1 else None
+        return {"episodes": n, "seeds": list(self.seeds), "mean_return": float(self.returns.mean()),
+                "stderr_return": stderr, "std_return": float(self.returns.std()),
+                "median_return": float(np.median(self.returns)), "min_return": float(self.returns.min()),
+                "below_zero_fraction": float((self.returns < 0).mean())}
+
     def summary(self) -> str:
-        return (f"{len(self.returns)} episodes: return {self.returns.mean():.1f} +- {self.returns.std():.1f} "
-                f"(min {self.returns.min():.1f}, max {self.returns.max():.1f}), {self.steps} steps in "
+        stats = self.return_stats()
+        stderr = "" if stats["stderr_return"] is None else f" +- {stats['stderr_return']:.1f} (SE)"
+        return (f"{len(self.returns)} episodes (seeds {self.seeds[0]}-{self.seeds[-1]}): return "
+                f"{stats['mean_return']:.1f}{stderr}, std {stats['std_return']:.1f}, min {stats['min_return']:.1f}, "
+                f"max {self.returns.max():.1f}, {stats['below_zero_fraction']:.0%} below zero; {self.steps} steps in "
                 f"{self.seconds:.1f} s")
 
 
