@@ -108,3 +108,6 @@ def test_return_stats_give_the_standard_error_and_the_share_below_zero():
     assert "+- 10.8 (SE)" in result.summary() and "25% below zero" in result.summary()
     one = EvalResult(seeds=[7], returns=np.array([5.0]), lengths=np.ones(1, int), seconds=1.0)
     assert one.return_stats()["stderr_return"] is None and "SE" not in one.summary()
+    assert "(seeds 0-3)" in result.summary()  # a run of seeds is named; scattered seeds are not called a run
+    scattered = EvalResult(seeds=[3, 9], returns=np.array([1.0, 2.0]), lengths=np.ones(2, int), seconds=1.0)
+    assert "seeds" not in scattered.summary()

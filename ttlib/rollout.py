@@ -56,7 +56,9 @@ class EvalResult:
     def summary(self) -> str:
         stats = self.return_stats()
         stderr = "" if stats["stderr_return"] is None else f" +- {stats['stderr_return']:.1f} (SE)"
-        return (f"{len(self.returns)} episodes (seeds {self.seeds[0]}-{self.seeds[-1]}): return "
+        first, last = self.seeds[0], self.seeds[-1]
+        seeds = f" (seeds {first}-{last})" if list(self.seeds) == list(range(first, last + 1)) else ""
+        return (f"{len(self.returns)} episodes{seeds}: return "
                 f"{stats['mean_return']:.1f}{stderr}, std {stats['std_return']:.1f}, min {stats['min_return']:.1f}, "
                 f"max {self.returns.max():.1f}, {stats['below_zero_fraction']:.0%} below zero; {self.steps} steps in "
                 f"{self.seconds:.1f} s")
