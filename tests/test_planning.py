@@ -266,3 +266,21 @@ def test_token_names_follow_the_generated_layout():
     names = [planning.token_name(j, obs_dim=2, act_dim=1) for j in range(7)]
     assert names == ["step 0, action dim 0", "step 0, reward", "step 0, value", "step 0, observation dim 0 (after it)",
                      "step 0, observation dim 1 (after it)", "step 1, action dim 0", "step 1, reward"]
+
+
+def test_score_actions_gives_every_child_of_a_one_step_search_its_score():
+    """Scoring the actions a horizon-1 search sampled gives the scores it ranked them by."""
+    model, tok = tiny(torch.float64, 5)
+    prefix = prefix_for(model, 2, 2, 5)
+    config = PlannerConfig(beam_width=6, horizon=1, sample_expand=1, context=2, gamma=0.9)
+    trace = []
+    plan = beam_plan(model, tok, prefix, torch.tensor([7, 8]), config, trace=trace)
+    score = planning.score_actions(model, tok, prefix, plan.actions[:, 0], gamma=0.9)
+    torch.testing.assert_close(score.float(), plan.score, atol=1e-4, rtol=1e-5)
+    children, _ = trace[0]  # (E*W,) every sampled child's score: the best of each environment is the plan's
+    torch.testing.assert_close(children.view(2, 6).max(dim=1).values.float(), plan.score, atol=1e-4, rtol=1e-5)
+    # another action gets another score, through the same cached or recomputing decoder
+    other = planning.score_actions(model, tok, prefix, -plan.actions[:, 0], gamma=0.9)
+    assert not torch.allclose(other, score)
+    torch.testing.assert_close(planning.score_actions(model, tok, prefix, -plan.actions[:, 0], 0.9, use_cache=False),
+                               other)

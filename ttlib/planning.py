@@ -210,6 +210,24 @@ def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor,
         model.train(was_training)
 
 
+def score_actions(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, actions,
+                  gamma: float = 0.99, use_cache: bool = True) -> torch.Tensor:
+    """What the search thinks of given actions: prefix (E, P) contexts, actions (E, act_dim) real actions ->
+    (E,) E[r] + gamma E[V], the score of a one-step plan that takes them (the reward read as `beam_plan` reads it,
+    its likeliest bin fed before the value)."""
+    O, A = tokenizer.obs_dim, tokenizer.act_dim
+    device = model.pos_emb.device
+    actions = torch.as_tensor(actions).cpu().numpy()
+    bins = torch.as_tensor(tokenizer.encode(actions, slice(O, O + A), on_clip="ignore"), device=device)  # (E, A)
+    prefix, padding = prefix.to(device), bins.new_zeros(len(bins), 1)
+    reward_logits = logits_along(model, prefix, torch.cat([bins, padding], 1), use_cache)[:, A]  # (E, N)
+    fed = torch.cat([bins, reward_logits.argmax(-1, keepdim=True), padding], 1)
+    value_logits = logits_along(model, prefix, fed, use_cache)[:, A + 1]  # (E, N)
+    reward = tokenizer.expectation(torch.softmax(reward_logits, -1), tokenizer.reward_dim)
+    value = tokenizer.expectation(torch.softmax(value_logits, -1), tokenizer.value_dim)
+    return (reward + gamma * value).cpu()
+
+
 def best_children(score: torch.Tensor, n_envs: int, beam_width: int) -> torch.Tensor:
     """score (E*R,), R children per environment in a row -> (E*W,) rows of the best W children of each environment,
     best first, as indices into score. A stable sort: equal scores keep their order, on every device."""
