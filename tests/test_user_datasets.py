@@ -301,6 +301,13 @@ def test_resume_uses_the_checkpoints_own_settings(minari_root, tmp_path):
     one_line_error(changed, "--n-embd 32 (checkpoint: 16)", "--seed 1 (checkpoint: 0)", "leave them out")
 
 
+def as_from_a_terminal():
+    """In the child before it starts: SIGINT at its default and unblocked, as a shell leaves it. A test process may
+    have inherited it ignored or blocked from whatever ran before in the same worker; a child would inherit that."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_says_where_the_last_checkpoint_is(minari_root, tmp_path):
     pendulum_dataset("user/pendulum-v0")
     out = tmp_path / "tt.pt"
@@ -309,7 +316,7 @@ def test_ctrl_c_says_where_the_last_checkpoint_is(minari_root, tmp_path):
     args[args.index("--eval-every") + 1] = "1"  # a checkpoint at every step
     process = subprocess.Popen([sys.executable, "-m", "ttlib", "train", "--dataset", "user/pendulum-v0", "--out",
                                 str(out), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while not out.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
