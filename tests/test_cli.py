@@ -96,3 +96,15 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert out["seeds"] == [0, 1] and out["mean_return"] == pytest.approx(returns.mean())
     assert out["stderr_return"] == pytest.approx(returns.std(ddof=1) / np.sqrt(2))
     assert out["below_zero_fraction"] == pytest.approx((returns < 0).mean())
+    assert out["planner"]["value"] == "token" and out["planner"]["horizon"] == 2
+
+    refused = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "1", "--value", "critic")
+    assert refused.returncode == 2 and "has no critic" in refused.stderr and "ttlib train-critic" in refused.stderr
+    with_critic = str(tmp_path / "with_critic.pt")
+    result = ttlib("train-critic", "--checkpoint", ckpt, "--steps", "20", "--out", with_critic)
+    assert result.returncode == 0, result.stderr
+    assert "critic trained 3 x 20 steps" in result.stdout
+    result = ttlib("evaluate", "--checkpoint", with_critic, "--episodes", "2", "--max-steps", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["planner"]["value"] == "critic" and out["planner"]["horizon"] == 1 and out["steps"] == 10

@@ -128,7 +128,8 @@ def ttlib(*args, env=None, timeout=300):
 
 def test_cli_evaluate_on_an_existing_cluster_equals_one_process(cluster):
     """`ttlib evaluate --workers 2 --central --address` joins the module's cluster as a second driver; the
-    central planner batches exactly what the single process batches, so even float32 returns are identical."""
+    central planner batches exactly what the single process batches, so even float32 returns are identical. Both
+    rank actions with the checkpoint's critic (the default), which travels to the actor with the weights."""
     args = ["evaluate", "--episodes", "3", "--seed", "5", "--max-steps", "6", "--beam-width", "4", "--horizon", "2",
             "--context", "1", "--json"]
     one = ttlib(*args)
@@ -138,6 +139,7 @@ def test_cli_evaluate_on_an_existing_cluster_equals_one_process(cluster):
     one, many = json.loads(one.stdout), json.loads(many.stdout)
     assert many["returns"] == one["returns"] and many["steps"] == one["steps"] == 18
     assert many["workers"] == 2 and many["layout"] == "central"
+    assert many["planner"]["value"] == "critic"  # the shipped checkpoint's critic, sent to the planner actor
 
 
 def test_unreachable_address_fails_fast_with_the_address():

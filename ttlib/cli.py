@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -157,12 +158,21 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     return env_id, env_kwargs
 
 
-def _planner_from(args):
-    from .planning import PlannerConfig
+def _planner_from(args, critic):
+    """The planner the options ask for: `critic_planner()` when scoring with the checkpoint's critic (--value
+    critic, the default when it has one), else `course_planner()`; options given override single fields."""
+    from .planning import course_planner, critic_planner
 
-    return PlannerConfig(beam_width=args.beam_width, horizon=args.horizon, sample_expand=args.expand,
-                         context=args.context, top_k_action=args.top_k or None,
-                         top_p_action=args.top_p)
+    value = args.value or ("critic" if critic is not None else "token")
+    if value == "critic" and critic is None:
+        raise ValueError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
+                         "--checkpoint PATH`, or plan with --value token")
+    given = {"beam_width": args.beam_width, "horizon": args.horizon, "sample_expand": args.expand,
+             "context": args.context, "top_k_action": args.top_k, "top_p_action": args.top_p}
+    overrides = {name: value for name, value in given.items() if value is not None}
+    if overrides.get("top_k_action") == 0:
+        overrides["top_k_action"] = None  # --top-k 0: all bins
+    return (critic_planner if value == "critic" else course_planner)(**overrides)
 
 
 def _check_distributed_args(args):
@@ -184,7 +194,7 @@ def _check_distributed_args(args):
 
 def _cmd_evaluate(args):
     from .rollout import check_episodes, evaluate, save_video
-    from .train import default_checkpoint, load_checkpoint
+    from .train import default_checkpoint, load_checkpoint, load_critic
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
     if _is_dt(args):
@@ -195,24 +205,28 @@ def _cmd_evaluate(args):
     if args.target_return is not None:
         raise ValueError("--target-return is for Decision Transformer checkpoints (--model dt)")
     _check_distributed_args(args)
-    model, tokenizer, payload = load_checkpoint(args.checkpoint or default_checkpoint(), device=args.device)
+    path = args.checkpoint or default_checkpoint()
+    model, tokenizer, payload = load_checkpoint(path, device=args.device)
+    critic = load_critic(path, device=args.device)
+    planner = _planner_from(args, critic)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))
     if args.workers is not None:
         from .distributed import evaluate_distributed
 
-        result = evaluate_distributed(model, tokenizer, env_id, seeds, _planner_from(args),
+        result = evaluate_distributed(model, tokenizer, env_id, seeds, planner,
                                       workers=args.workers, central=args.central, env_kwargs=env_kwargs,
-                                      max_steps=args.max_steps, address=args.address, progress=not args.json)
+                                      max_steps=args.max_steps, address=args.address, progress=not args.json,
+                                      critic=critic if planner.value == "critic" else None)
     else:
-        result = evaluate(model, tokenizer, env_id, seeds, _planner_from(args),
+        result = evaluate(model, tokenizer, env_id, seeds, planner,
                           env_kwargs=env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
-                          max_steps=args.max_steps, record=args.video is not None)
+                          max_steps=args.max_steps, record=args.video is not None, critic=critic)
     report = {**result.return_stats(), "returns": result.returns.tolist(), "steps": result.steps,
               "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
               "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
-              "clipped_observations": result.clipped_observations}
+              "clipped_observations": result.clipped_observations, "planner": dataclasses.asdict(planner)}
     if args.workers is not None:
         report.update(workers=result.workers, layout=result.layout, actor_deaths=result.actor_deaths)
     if info.get("ref_min_score") is not None and info.get("ref_max_score") is not None:
@@ -225,6 +239,8 @@ def _cmd_evaluate(args):
         print(json.dumps(report))
         return
     print(result.summary())
+    if planner.value == "token" and critic is None:
+        print("planned with the value token: this checkpoint has no critic (`ttlib train-critic` adds one)")
     print(f"dataset mean return {info['mean_return']:.1f}", end="")
     if report["expert_mean_return"] is not None:
         print(f", scripted expert {report['expert_mean_return']:.1f}", end="")
@@ -300,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_datasets)
 
     _add_train(sub)
+    _add_train_critic(sub)
     _add_evaluate(sub)
     _add_bench(sub)
 
@@ -329,6 +346,36 @@ def _add_train(sub) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=None,
                        help=f"default {default}")
     p.set_defaults(func=_cmd_train)
+
+
+def _add_train_critic(sub) -> None:
+    from .critic import CriticConfig
+
+    p = sub.add_parser("train-critic", help="add a Q critic (IQL) to a Trajectory GPT checkpoint, for the planner")
+    p.add_argument("--checkpoint", required=True, help="Trajectory GPT checkpoint; the critic is written into it")
+    p.add_argument("--out", help="write the checkpoint with its critic here instead (default: in place)")
+    for name in ("expectile", "steps", "members", "batch_size", "learning_rate", "hidden", "seed"):
+        default = getattr(CriticConfig(), name)
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default,
+                       help=f"default {default}")
+    p.set_defaults(func=_cmd_train_critic)
+
+
+def _cmd_train_critic(args):
+    import time
+
+    from .critic import CriticConfig
+    from .train import add_critic, read_checkpoint
+
+    gamma = read_checkpoint(args.checkpoint)["dataset"]["gamma"]
+    config = CriticConfig(expectile=args.expectile, gamma=gamma, steps=args.steps, members=args.members,
+                          batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
+                          seed=args.seed)
+    t0 = time.perf_counter()
+    _, history = add_critic(args.checkpoint, config, out=args.out)
+    last = history[-1]
+    print(f"critic trained {config.members} x {config.steps} steps in {time.perf_counter() - t0:.0f} s: V loss "
+          f"{last['v_loss']:.2f}, Q loss {last['q_loss']:.2f}; checkpoint {args.out or args.checkpoint}")
 
 
 def _add_evaluate(sub) -> None:
@@ -374,15 +421,21 @@ def _add_bench(sub) -> None:
 
 
 def _planner_args(p):
-    from .planning import course_planner
+    from .planning import course_planner, critic_planner
 
-    d = course_planner()
-    p.add_argument("--beam-width", type=int, default=d.beam_width)
-    p.add_argument("--horizon", type=int, default=d.horizon)
-    p.add_argument("--expand", type=int, default=d.sample_expand)
-    p.add_argument("--context", type=int, default=d.context)
-    p.add_argument("--top-k", type=int, default=d.top_k_action, help="0: sample actions from all bins")
-    p.add_argument("--top-p", type=float, default=d.top_p_action, help="nucleus for actions (1: all bins)")
+    t, c = course_planner(), critic_planner()
+
+    def default(name: str) -> str:
+        return f"default {getattr(c, name)} with the critic, {getattr(t, name)} with the value token"
+
+    p.add_argument("--value", choices=["token", "critic"], default=None, help="what scores plans: the "
+                   "checkpoint's Q critic (the default when it has one) or the model's value token")
+    p.add_argument("--beam-width", type=int, default=None, help=default("beam_width"))
+    p.add_argument("--horizon", type=int, default=None, help=default("horizon"))
+    p.add_argument("--expand", type=int, default=None, help=default("sample_expand"))
+    p.add_argument("--context", type=int, default=None, help=default("context"))
+    p.add_argument("--top-k", type=int, default=None, help=default("top_k_action") + "; 0: all bins")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus for actions (default: all bins)")
 
 
 def _cuda() -> bool:

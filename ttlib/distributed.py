@@ -37,9 +37,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .critic import Critic, critic_from_payload, critic_payload
 from .fast_decoder import BufferPool
 from .model import GPTConfig, TrajectoryGPT
-from .planning import PlannerConfig, beam_plan, check_fits
+from .planning import PlannerConfig, beam_plan, check_critic, check_fits
 from .ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 07)
 from .rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
 from .tokenizer import TrajectoryTokenizer
@@ -57,10 +58,12 @@ class DistributedResult(EvalResult):
 
 
 # ---- what the object store holds: the model, once ---------------------------------------------------------
-def pack(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer) -> dict:
-    """Everything an actor needs to rebuild the model: config, weights (on the CPU), dtype, tokenizer."""
+def pack(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, critic: Critic | None = None) -> dict:
+    """Everything an actor needs to rebuild the model: config, weights (on the CPU), dtype, tokenizer, and the
+    Q critic a planner with value="critic" scores with (None: none)."""
     return {"config": model.config_dict(), "state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "tokenizer": tokenizer.state_dict()}
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "tokenizer": tokenizer.state_dict(),
+            "critic": critic_payload(critic) if critic is not None else None}
 
 
 def unpack(bundle: dict, device: str = "cpu"):
@@ -70,6 +73,14 @@ def unpack(bundle: dict, device: str = "cpu"):
     model = TrajectoryGPT(GPTConfig(**bundle["config"])).to(getattr(torch, bundle["dtype"]))
     load_weights(model, bundle["state"], source="the object store")
     return model.to(device).eval(), TrajectoryTokenizer.from_state_dict(bundle["tokenizer"])
+
+
+def unpack_critic(bundle: dict, device: str = "cpu") -> Critic | None:
+    """The packed critic, or None."""
+    if bundle.get("critic") is None:
+        return None
+    c = bundle["config"]
+    return critic_from_payload(bundle["critic"], c["obs_dim"], c["act_dim"], "the object store").to(device)
 
 
 # ---- the actors (plain classes; Ray turns them into actors with ray.remote) ---------------------------------
@@ -86,7 +97,9 @@ class ModelActor:
 
     def __init__(self, weights: list, threads: int = 1, device: str = "cpu"):
         torch.set_num_threads(threads)
-        self.model, self.tokenizer = unpack(fetch(weights), device)
+        bundle = fetch(weights)
+        self.model, self.tokenizer = unpack(bundle, device)
+        self.critic = unpack_critic(bundle, device)
         self.device = device
         self.buffers = BufferPool()  # the planner's cache buffers, kept from one plan to the next
 
@@ -105,7 +118,8 @@ class LocalWorker(ModelActor):
                 if batch.step == kill_at_step:
                     os._exit(1)  # a test hook: die mid-episode, as a preempted machine would
                 _, prefix, keys = batch.observe()
-                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers)
+                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers,
+                                 critic=self.critic)
                 batch.act(plan.actions[:, 0].numpy())
             return batch.returns, batch.lengths, batch.contexts.clipped
         finally:
@@ -153,7 +167,8 @@ class Planner(ModelActor):
         if kill:
             os._exit(1)  # a test hook
         prefix, keys, counts = merge_observations(observations)
-        plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers)
+        plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers,
+                         critic=self.critic)
         parts = split_actions(plan.actions[:, 0].numpy(), counts)
         return tuple(parts) if len(parts) > 1 else parts[0]
 
@@ -188,12 +203,13 @@ class RayEvaluator:
 
     address: an existing cluster ("host:port", "ray://host:port"; default $RAY_ADDRESS); none starts a local one
     (`num_cpus`, `temp_dir`) that `close()` shuts down again. A cluster that was already running stays up.
+    critic: the Q critic that planners with value="critic" score with, sent to the actors with the weights.
     """
 
     def __init__(self, model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, workers: int = 2,
                  central: bool = False, env_kwargs: dict | None = None, address: str | None = None,
                  num_cpus: int | None = None, temp_dir: str | None = None, planner_cpus: int = 1,
-                 device: str = "cpu"):
+                 device: str = "cpu", critic: Critic | None = None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         env = make_env(env_id, env_kwargs)  # a misfit fails here, in this process, before any actor starts
@@ -201,7 +217,7 @@ class RayEvaluator:
             check_env(env.observation_space, env.action_space, model)
         finally:
             env.close()
-        self.model, self.env_id, self.env_kwargs = model, env_id, env_kwargs
+        self.model, self.env_id, self.env_kwargs, self.critic = model, env_id, env_kwargs, critic
         self.n_workers, self.central, self.workers, self.planner = workers, central, [], None
         self.ray, self.started = connect(address, num_cpus, temp_dir)
         ray = self.ray
@@ -211,7 +227,7 @@ class RayEvaluator:
                 warnings.warn(f"{workers} workers on a cluster of {cpus:g} CPUs: they will share CPUs (correct, "
                               f"but not faster than {cpus:g} workers)", stacklevel=2)
             gpus = 1 if device.startswith("cuda") else 0
-            self.weights = ray.put(pack(model, tokenizer))  # the one copy of the weights, in the object store
+            self.weights = ray.put(pack(model, tokenizer, critic))  # the one copy of the weights, in the object store
             restartable = dict(max_restarts=MAX_RESTARTS, max_task_retries=0)
             if central:
                 planner_cpus = min(planner_cpus, cpus)
@@ -274,6 +290,7 @@ class RayEvaluator:
         seeds = [int(s) for s in seeds]
         planner.validate()
         check_fits(self.model, planner.context, planner.horizon)
+        check_critic(planner, self.critic)
         t0 = time.perf_counter()
         bar = tqdm(total=len(seeds), desc=f"episodes on {self.n_workers} Ray workers", unit="ep",
                    disable=not progress)

@@ -8,6 +8,8 @@ ones it believes pay off best:
         actions: sample the action tokens (this is where the futures differ)
         reward, value: read the model's distribution for both; score each child by
                  sum_k gamma^k E[r_k] + gamma^(t+1) E[V_t]   (rewards so far + the value of what follows)
+                 or, with a critic (`value="critic"`, see `critic.py`), by
+                 sum_{k<t} gamma^k E[r_k] + gamma^t Q(s_t, a_t)   (rewards so far + the critic's value of the action)
         select:  keep the best `beam_width` children per environment
         observe: decode the next observation greedily (top-1): the model's most likely outcome
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .critic import Critic
 from .fast_decoder import BufferPool, FusedDecoder
 from .model import TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
@@ -44,6 +47,7 @@ class PlannerConfig:
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
     value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
+    value: str = "token"  # what values a plan's end: "token" (the model's value token) or "critic" (a Q critic)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
     cache: str = "fused"  # with use_cache: "fused" (fast_decoder.FusedDecoder) or "readable" (CachedDecoder)
 
@@ -59,10 +63,19 @@ class PlannerConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.value_weight < 0:
             raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
+        if self.value not in ("token", "critic"):
+            raise ValueError(f"value must be 'token' or 'critic', got {self.value!r}")
         if self.cache not in ("fused", "readable"):
             raise ValueError(f"cache must be 'fused' or 'readable', got {self.cache!r}")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+
+
+def check_critic(config: PlannerConfig, critic) -> None:
+    """A planner that scores with a critic needs one: say so before any search starts."""
+    if config.value == "critic" and critic is None:
+        raise ValueError("this planner scores with a critic (value='critic') but none was given: pass critic=, "
+                         "train one with `ttlib train-critic`, or plan with value='token'")
 
 
 def course_planner(**overrides) -> PlannerConfig:
@@ -74,6 +87,14 @@ def course_planner(**overrides) -> PlannerConfig:
     settings = dict(beam_width=32, horizon=3, sample_expand=4, context=1, top_k_action=20)
     settings.update(overrides)
     return PlannerConfig(**settings)
+
+
+def critic_planner(**overrides) -> PlannerConfig:
+    """The course's planner with a Q critic (`critic.py`, notebook 05 section 11): what `ttlib evaluate` plans with
+    when the checkpoint carries a critic. The model proposes 128 actions (32 beams x 4, top-k 20) and the critic
+    ranks them; one step ahead, because the critic already values all that follows, and every further step would
+    judge the model's imagined, binned observations instead of the real one."""
+    return course_planner(**{"value": "critic", "horizon": 1, **overrides})
 
 
 @dataclass
@@ -268,7 +289,8 @@ def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
 
 
 def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
-              config: PlannerConfig, buffers: BufferPool | None = None, trace: list | None = None) -> Plan:
+              config: PlannerConfig, buffers: BufferPool | None = None, trace: list | None = None,
+              critic: Critic | None = None) -> Plan:
     """Plan for E environments at once.
 
     prefix (E, P): every environment's context as bins, ending with its current observation (all E the same
@@ -276,12 +298,15 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     buffers: the fused decoder's cache buffers, kept from one call to the next by whoever plans again and again
     (a rollout); None allocates fresh ones. The model plans in evaluation mode (no dropout); its mode is
     restored afterwards. trace: a list to which every step appends (score (E*W*X,) of its children, keep (E*W,)
-    the rows it kept), on the CPU: the search tree, for `viz.plot_beam_tree`.
+    the rows it kept), on the CPU: the search tree, for `viz.plot_beam_tree`. critic: the Q critic that
+    `config.value == "critic"` scores with (on the model's device); ignored with `value="token"`.
     """
+    check_critic(config, critic)
     was_training = model.training
     model.eval()
     try:
-        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace)
+        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace,
+                          critic if config.value == "critic" else None)
     finally:
         model.train(was_training)
 
@@ -305,6 +330,7 @@ class Beams:
     discounted_rewards: torch.Tensor  # (rows,) sum_k gamma^k E[r_k] so far
     rewards: torch.Tensor  # (rows, H) expected reward of every step
     values: torch.Tensor  # (rows, H) expected value after every step
+    states: torch.Tensor  # (rows, obs_dim) the observation the next action is taken in, decoded (critic only)
 
     def rows(self, index: torch.Tensor) -> Beams:
         return Beams(*(getattr(self, f.name)[index] for f in fields(self)))
@@ -316,8 +342,15 @@ class Beams:
         self.generated = torch.cat([self.generated, bins[:, None]], dim=1)
 
 
+def bin_centers(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, dims: slice) -> torch.Tensor:
+    """bins (rows, n) of the n consecutive dimensions `dims` -> what they decode to, (rows, n) float32, on bins'
+    device: `tokenizer.decode` without leaving torch."""
+    centers = torch.as_tensor(tokenizer.centers[dims], dtype=torch.float32, device=bins.device)  # (n, n_bins)
+    return centers.gather(1, bins.T).T
+
+
 @torch.inference_mode()
-def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None) -> Plan:
+def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None) -> Plan:
     config.validate()
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
@@ -329,7 +362,10 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None) -> P
         model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each
     logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
     zeros = logits.new_zeros(E * W, H)
-    beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone())
+    state_dims = slice(0, O) if critic is not None else slice(0, 0)  # the critic needs the states, else none
+    states = bin_centers(tokenizer, prefix[:, prefix.shape[1] - O:][:, state_dims], state_dims)  # (E, O or 0)
+    beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone(),
+                  states.repeat_interleave(W, 0))
     row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1) every child's environment key
     rows = (torch.arange(E * W * X, device=device) % (W * X))[:, None]  # (E*W*X, 1) its index in its environment
 
@@ -338,9 +374,11 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None) -> P
         logits, beams = logits.repeat_interleave(X, dim=0), beams.repeat(X)
         counters = torch.arange(t * A, (t + 1) * A, device=device)  # (A,) one number per action dimension
         uniforms = counter_uniform(row_keys, counters, rows)  # (E*W*X, A)
+        action_bins = []
         for a in range(A):  # sample the action, one dimension at a time
             bins = sample_bins(logits, uniforms[:, a], config.top_k_action, config.temperature, config.top_p_action)
             beams.append(bins)
+            action_bins.append(bins)
             logits = decoder.feed(bins)
         reward_probs, reward_bins = torch.softmax(logits, dim=-1), logits.argmax(dim=-1)
         beams.append(reward_bins)
@@ -348,8 +386,13 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None) -> P
         value_probs, value_bins = torch.softmax(logits, dim=-1), logits.argmax(dim=-1)
         beams.rewards[:, t] = tokenizer.expectation(reward_probs, tokenizer.reward_dim)
         beams.values[:, t] = tokenizer.expectation(value_probs, tokenizer.value_dim)
-        beams.discounted_rewards = beams.discounted_rewards + config.gamma**t * beams.rewards[:, t]
-        score = beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
+        rewards_before = beams.discounted_rewards  # (E*W*X,) sum_{k<t} gamma^k E[r_k]
+        beams.discounted_rewards = rewards_before + config.gamma**t * beams.rewards[:, t]
+        if critic is None:
+            score = beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
+        else:  # Q(s_t, a_t) holds r_t and all that follows
+            actions = bin_centers(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (E*W*X, A)
+            score = rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
 
         keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
         if trace is not None:
@@ -364,6 +407,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None) -> P
             bins = logits.argmax(dim=-1)
             beams.append(bins)
             logits = decoder.feed(bins)
+        if critic is not None:
+            beams.states = bin_centers(tokenizer, beams.generated[:, -O:], slice(0, O))  # (E*W, O)
 
     decoder.release()
     best = score.view(E, W).argmax(dim=1) + torch.arange(E, device=device) * W  # (E,)

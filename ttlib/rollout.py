@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .fast_decoder import BufferPool
 from .files import atomic_path
 from .model import TrajectoryGPT
-from .planning import Plan, PlannerConfig, beam_plan, check_fits
+from .planning import Plan, PlannerConfig, beam_plan, check_critic, check_fits
 from .tokenizer import TrajectoryTokenizer
 
 
@@ -181,21 +181,23 @@ class Contexts:
 def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, seeds, planner: PlannerConfig,
              env_kwargs: dict | None = None, vectorized: bool = True, n_envs: int | None = None,
              asynchronous: bool = False, max_steps: int | None = None, record: bool = False,
-             progress: bool = True) -> EvalResult:
+             progress: bool = True, critic=None) -> EvalResult:
     """Play one episode per seed with the planner; return their returns.
 
     vectorized=True steps up to `n_envs` (default: all seeds) environments together and plans for them in one
     batch; False plays the episodes one after another. `max_steps` cuts episodes short (fast demos). `record`
-    keeps the first episode's frames (rgb_array) and plans, for videos and plots.
+    keeps the first episode's frames (rgb_array) and plans, for videos and plots. `critic`: the Q critic a
+    planner with value="critic" scores with (`critic.Critic`, e.g. `train.load_critic`).
     """
     seeds = [int(s) for s in seeds]
     check_episodes(seeds, n_envs, max_steps)
     planner.validate()
     check_fits(model, planner.context, planner.horizon)
+    check_critic(planner, critic)
 
     def play(group, first, bar):
         return _run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and vectorized,
-                         max_steps, record and first, bar)
+                         max_steps, record and first, bar, critic)
 
     return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
 
@@ -298,7 +300,8 @@ class EpisodeBatch:
         self.envs.close()
 
 
-def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar):
+def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar,
+              critic=None):
     """Episodes for `seeds`, all stepped together in one vector environment."""
     batch = EpisodeBatch(env_id, seeds, tokenizer, planner.context, env_kwargs, max_steps, asynchronous, record)
     try:
@@ -306,13 +309,14 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
         batch.reset()
         frames, plans = [], []
         device = model.pos_emb.device
+        critic = critic.to(device) if critic is not None else None
         buffers = BufferPool()  # the cache's buffers, kept from one plan to the next
         while batch.running.any():
             first = record and batch.running[0]
             if first:
                 frames.append(batch.render_first())
             _, prefix, keys = batch.observe()
-            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers)
+            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers, critic=critic)
             if first:
                 plans.append((batch.step, _row(plan, 0)))
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))

@@ -263,6 +263,36 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
     return model.to(pick_device(device)).eval(), tokenizer, payload
 
 
+def load_critic(path: str, device: str = "auto"):
+    """The Q critic a Trajectory Transformer checkpoint carries (`ttlib train-critic`), or None if it has none."""
+    from .critic import critic_from_payload
+
+    payload = read_checkpoint(path)
+    if payload.get("critic") is None:
+        return None
+    info = payload["dataset"]
+    return critic_from_payload(payload["critic"], info["obs_dim"], info["act_dim"], path).to(pick_device(device))
+
+
+def add_critic(path: str, config=None, out: str | None = None, progress: bool = True):
+    """Train a Q critic (`critic.train_critic`) on the dataset a Trajectory Transformer checkpoint was trained on,
+    and write the checkpoint again with it (to `out`, default: in place, atomically). -> (critic, history)."""
+    from .critic import CriticConfig, critic_payload, train_critic
+
+    payload = read_checkpoint(path)
+    info = payload["dataset"]
+    config = config or CriticConfig(gamma=info["gamma"])
+    data = ttdata.load(info["id"], gamma=info["gamma"], progress=progress)
+    if (data.obs_dim, data.act_dim) != (info["obs_dim"], info["act_dim"]):
+        raise CheckpointError(f"dataset {info['id']} has obs {data.obs_dim} / act {data.act_dim} but {path} was "
+                              f"trained for obs {info['obs_dim']} / act {info['act_dim']}")
+    critic, history = train_critic(data, config, progress=progress)
+    payload["critic"] = critic_payload(critic, config, history)
+    with atomic_path(out or path) as tmp:
+        torch.save(payload, tmp)
+    return critic, history
+
+
 # ---- the loop -----------------------------------------------------------------------------------------------
 @torch.no_grad()
 def validation_loss(model, next_batch, n_batches: int) -> float:

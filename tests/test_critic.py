@@ -1,0 +1,159 @@
+"""The Q critic: expectile regression, temporal-difference learning on real data, and the planner that ranks the
+model's actions with it."""
+
+import numpy as np
+import pytest
+import torch
+
+from ttlib import data as ttdata
+from ttlib.bench import PRESETS, random_model
+from ttlib.critic import (
+    Critic,
+    CriticConfig,
+    CriticError,
+    critic_from_payload,
+    critic_payload,
+    expectile_loss,
+    train_critic,
+    transitions,
+)
+from ttlib.distributed import pack, unpack_critic
+from ttlib.planning import beam_plan, bin_centers, critic_planner
+from ttlib.train import add_critic, default_checkpoint, load_checkpoint, load_critic, read_checkpoint, subset
+
+
+@pytest.fixture(scope="module")
+def course_data():
+    return ttdata.load(progress=False)
+
+
+def expectile(x: np.ndarray, tau: float) -> float:
+    """The tau-expectile by bisection: tau E[(x - e)+] = (1 - tau) E[(e - x)+]."""
+    lo, hi = x.min(), x.max()
+    for _ in range(100):
+        e = (lo + hi) / 2
+        if tau * np.clip(x - e, 0, None).mean() > (1 - tau) * np.clip(e - x, 0, None).mean():
+            lo = e
+        else:
+            hi = e
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.8, 0.95])
+def test_expectile_loss_is_smallest_at_the_expectile(tau):
+    x = torch.as_tensor(np.random.default_rng(0).exponential(size=4000))  # skewed: mean and expectiles differ
+    c = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.Adam([c], lr=0.05)
+    for _ in range(2000):
+        optimizer.zero_grad()
+        expectile_loss(x - c, tau).backward()
+        optimizer.step()
+    assert c.item() == pytest.approx(expectile(x.numpy(), tau), abs=1e-2)
+    if tau == 0.5:
+        assert c.item() == pytest.approx(x.mean().item(), abs=1e-2)
+
+
+def test_transitions_keep_every_step_that_has_a_next_observation(course_data):
+    batch = transitions(course_data)
+    terminated = sum(bool(t[-1]) for t in course_data.terminations)
+    assert len(batch["obs"]) == course_data.n_steps - (course_data.n_episodes - terminated)
+    assert batch["done"].sum().item() == terminated
+    first = course_data.observations[0]  # the next observation is the one after
+    assert torch.equal(batch["next_obs"][0], torch.as_tensor(first[1]))
+
+
+def test_the_critic_learns_values_that_follow_the_returns_and_rank_the_pilots(course_data):
+    """Short IQL on 60 episodes: V(s) follows the discounted return that came after s, and the states the expert
+    visits are worth more than those of the random pilot (facts of the data, not of a setting)."""
+    data = subset(course_data, range(0, course_data.n_episodes, 7))
+    critic, history = train_critic(data, CriticConfig(steps=3000, members=1), progress=False)
+    assert history[-1]["step"] == 2999 and np.isfinite(history[-1]["q_loss"])
+    returns_after = np.concatenate([ttdata.discounted_values(np.concatenate([[0.0], r]), 0.99)[:-1]
+                                    for r in data.rewards])  # sum_k gamma^k r_{t+k}, r_t included
+    with torch.no_grad():
+        value = critic.v(torch.as_tensor(np.concatenate(data.observations))).numpy()
+    assert np.corrcoef(value, returns_after)[0, 1] > 0.4  # measured 0.63
+    pilot = np.repeat(np.array(data.behaviour), [len(r) for r in data.rewards])
+    assert value[pilot == "expert"].mean() > value[pilot == "random"].mean() + 15  # measured 15 vs -20
+
+
+def test_a_critic_is_the_mean_of_its_members_each_trained_from_its_own_seed(course_data):
+    data = subset(course_data, range(0, course_data.n_episodes, 20))
+    critic, history = train_critic(data, CriticConfig(steps=20, members=3, hidden=16), progress=False)
+    one, _ = train_critic(data, CriticConfig(steps=20, members=1, hidden=16, seed=2), progress=False)
+    obs, act = torch.randn(6, 8), torch.rand(6, 2) * 2 - 1
+    with torch.no_grad():
+        members = torch.stack([member.q(obs, act) for member in critic.members])  # (3, 6)
+        assert torch.allclose(critic.q(obs, act), members.mean(dim=0))
+        assert not torch.allclose(members[0], members[1])  # different seeds, different members
+        assert torch.equal(one.q(obs, act), members[2])  # member 2 of seed 0 is member 0 of seed 2
+    assert [h["member"] for h in history if h["step"] == 19] == [0, 1, 2] and history[-1]["seconds"] > 0
+
+
+def test_bad_critic_settings_are_refused():
+    with pytest.raises(CriticError, match="expectile must be in"):
+        CriticConfig(expectile=1.0).validate()
+    with pytest.raises(CriticError, match="steps must be >= 1"):
+        CriticConfig(steps=0).validate()
+
+
+def critic_for(tokenizer, seed=0):
+    torch.manual_seed(seed)
+    return Critic(tokenizer.obs_dim, tokenizer.act_dim, hidden=16).eval()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_critic_planner_takes_the_action_its_critic_ranks_first(seed):
+    """Horizon 1: every sampled action is scored Q(s, a) and the plan is the best of them, with that score."""
+    model, tok = random_model(PRESETS["tiny"], dtype=torch.float64, seed=seed)
+    critic = critic_for(tok, seed).double()
+    c = model.config
+    prefix = torch.randint(0, c.n_bins, (3, c.obs_dim), generator=torch.Generator().manual_seed(seed))
+    trace = []
+    plan = beam_plan(model, tok, prefix, torch.tensor([5, 6, 7]), critic_planner(beam_width=4, sample_expand=3),
+                     trace=trace, critic=critic)
+    scores = trace[0][0].view(3, -1)  # (E, children)
+    assert torch.allclose(plan.score.double(), scores.max(dim=1).values)
+    state = bin_centers(tok, prefix, slice(0, c.obs_dim)).double()  # the state the model sees, decoded
+    q = critic.q(state, plan.actions[:, 0].double()).detach()
+    assert torch.allclose(plan.score.double(), q, atol=1e-5)
+
+
+def test_a_critic_planner_without_a_critic_says_how_to_get_one():
+    model, tok = random_model(PRESETS["tiny"])
+    prefix = torch.zeros(1, model.config.obs_dim, dtype=torch.long)
+    with pytest.raises(ValueError, match="ttlib train-critic"):
+        beam_plan(model, tok, prefix, torch.tensor([0]), critic_planner())
+
+
+def test_a_critic_for_other_sizes_is_refused():
+    payload = critic_payload(Critic(8, 2, hidden=16))
+    with pytest.raises(CriticError, match="obs 8 / act 2"):
+        critic_from_payload(payload, obs_dim=17, act_dim=6)
+
+
+def test_a_checkpoint_carries_its_critic_and_ray_actors_get_the_same_one(tmp_path):
+    source = tmp_path / "tt.pt"
+    payload = read_checkpoint(default_checkpoint())
+    payload.pop("critic", None)
+    torch.save(payload, source)
+    assert load_critic(str(source)) is None
+    out = tmp_path / "with_critic.pt"
+    critic, history = add_critic(str(source), CriticConfig(steps=30, hidden=32), out=str(out), progress=False)
+    assert read_checkpoint(str(source)).get("critic") is None  # the source is left as it was
+    loaded = load_critic(str(out), device="cpu")
+    obs, act = torch.randn(5, 8), torch.rand(5, 2) * 2 - 1
+    with torch.no_grad():
+        assert torch.equal(loaded.q(obs, act), critic.q(obs, act))
+        model, tok, _ = load_checkpoint(str(out), device="cpu")
+        assert torch.equal(unpack_critic(pack(model, tok, loaded)).q(obs, act), critic.q(obs, act))
+    assert unpack_critic(pack(model, tok)) is None
+
+
+def test_the_shipped_checkpoint_carries_a_critic_trained_on_its_dataset():
+    payload = read_checkpoint(default_checkpoint())
+    critic = load_critic(default_checkpoint(), device="cpu")
+    assert critic is not None and payload["critic"]["config"]["gamma"] == payload["dataset"]["gamma"]
+    config = payload["critic"]["config"]
+    assert payload["critic"]["history"][-1]["step"] == config["steps"] - 1
+    assert len(critic.members) == config["members"] == payload["critic"]["members"]

@@ -1,0 +1,224 @@
+"""A Q critic learned by temporal differences (implicit Q-learning, IQL), for the planner to score actions with.
+
+Why: the Trajectory Transformer's value token is trained on the discounted return of the episode it came from. On
+mixed data that return says mostly *who* flew the episode, and the model reads the pilot off the action: the
+value then ranks actions by how expert they look, not by what they do (notebook 05, section 10). A critic
+trained by temporal differences values an action by its reward and the value of the state it leads to, whoever
+took it:
+
+    Q(s, a) <- r + gamma * (1 - done) * V(s')          (regression, squared error)
+    V(s)    <- expectile_tau of Q(s, a) over the data's actions at s   (tau = 0.5: their mean; tau -> 1: the best)
+
+V never asks for an action the data does not hold, so Q is only trusted where the data has actions: which is
+why the planner still samples actions from the Trajectory Transformer, and the critic only ranks them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+if TYPE_CHECKING:
+    from . import data as ttdata
+
+__all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_loss", "train_critic", "transitions",
+           "critic_payload", "critic_from_payload"]
+
+
+class CriticError(ValueError):
+    """A critic that cannot be used with this model or data."""
+
+
+@dataclass
+class CriticConfig:
+    expectile: float = 0.8  # tau of V's expectile regression: 0.5 values the data's mean action, near 1 its best
+    gamma: float = 0.99  # discount of the temporal-difference target
+    steps: int = 30_000  # gradient steps of every member
+    batch_size: int = 256  # transitions per step
+    learning_rate: float = 3e-4  # Adam, for Q and V alike
+    hidden: int = 256  # width of the two hidden layers of every network
+    target_rate: float = 0.005  # how fast the target Q networks follow the trained ones (Polyak averaging)
+    seed: int = 0  # initialisation and batch sampling
+    cosine: bool = True  # decay both learning rates to 0 along a cosine
+    members: int = 3  # critics trained from seeds seed, seed+1, ...; the planner uses their mean
+
+    def validate(self) -> None:
+        if not 0 < self.expectile < 1:
+            raise CriticError(f"expectile must be in (0, 1), got {self.expectile}")
+        if not 0 < self.gamma <= 1:
+            raise CriticError(f"gamma must be in (0, 1], got {self.gamma}")
+        for name in ("steps", "batch_size", "hidden", "members"):
+            if getattr(self, name) < 1:
+                raise CriticError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.target_rate <= 1:
+            raise CriticError(f"target_rate must be in (0, 1], got {self.target_rate}")
+
+
+def mlp(n_in: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 1))
+
+
+class CriticMember(nn.Module):
+    """Two Q networks (the smaller of the two is the estimate: one network's lucky overestimates do not count)
+    and a V network, on observations standardised with the data's mean and standard deviation."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256):
+        super().__init__()
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.q1, self.q2 = mlp(obs_dim + act_dim, hidden), mlp(obs_dim + act_dim, hidden)
+        self.v_net = mlp(obs_dim, hidden)
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_std", torch.ones(obs_dim))
+
+    def q_pair(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs (B, obs_dim), act (B, act_dim) -> both Q estimates, (B,) each."""
+        x = torch.cat([(obs - self.obs_mean) / self.obs_std, act], dim=-1)  # (B, obs_dim + act_dim)
+        return self.q1(x)[:, 0], self.q2(x)[:, 0]
+
+    def q(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """(B,) the value of taking `act` in `obs` and flying on as the best of the data does."""
+        return torch.minimum(*self.q_pair(obs, act))
+
+    def v(self, obs: torch.Tensor) -> torch.Tensor:
+        """(B,) the value of `obs`."""
+        return self.v_net((obs - self.obs_mean) / self.obs_std)[:, 0]
+
+
+class Critic(nn.Module):
+    """`members` critics trained alike from different random seeds; Q and V are their mean. One critic's
+    ranking of nearly equal actions depends on its seed (on this course's data, one seed in three made a
+    planner that crashed in a tenth of its episodes); the mean of three ranked well in every trial."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, members: int = 1):
+        super().__init__()
+        self.obs_dim, self.act_dim, self.hidden = obs_dim, act_dim, hidden
+        self.members = nn.ModuleList(CriticMember(obs_dim, act_dim, hidden) for _ in range(members))
+
+    def q(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """(B,) the value of taking `act` in `obs` and flying on as the best of the data does."""
+        return torch.stack([member.q(obs, act) for member in self.members]).mean(dim=0)
+
+    def v(self, obs: torch.Tensor) -> torch.Tensor:
+        """(B,) the value of `obs`."""
+        return torch.stack([member.v(obs) for member in self.members]).mean(dim=0)
+
+
+def expectile_loss(diff: torch.Tensor, tau: float) -> torch.Tensor:
+    """mean |tau - 1[diff < 0]| * diff^2: squared error that weighs positive errors tau, negative ones 1 - tau.
+    Minimised over a constant c, with diff = x - c, it gives the tau-expectile of x (tau = 0.5: the mean)."""
+    weight = torch.abs(tau - (diff < 0).to(diff.dtype))
+    return (weight * diff**2).mean()
+
+
+def transitions(data: ttdata.OfflineDataset) -> dict[str, torch.Tensor]:
+    """Every (s, a, r, s', done) of the dataset as float32 tensors. The last step of an episode cut short by a
+    time limit has no next observation in the data (Minari's final one is dropped), so it is left out."""
+    parts = {"obs": [], "act": [], "reward": [], "next_obs": [], "done": []}
+    for obs, act, reward, term in zip(data.observations, data.actions, data.rewards, data.terminations, strict=True):
+        T = len(reward)
+        n = T if term[-1] else T - 1  # steps whose next observation is known (or not needed)
+        next_obs = np.concatenate([obs[1:T], obs[T - 1:T]])  # (T, obs_dim); the last row only used if done
+        done = np.zeros(T, np.float32)
+        done[T - 1] = float(term[-1])
+        for key, value in zip(parts, (obs, act, reward, next_obs, done), strict=True):
+            parts[key].append(value[:n])
+    return {key: torch.as_tensor(np.concatenate(value), dtype=torch.float32) for key, value in parts.items()}
+
+
+def train_critic(data: ttdata.OfflineDataset, config: CriticConfig | None = None, progress: bool = True,
+                 device: str = "cpu") -> tuple[Critic, list[dict]]:
+    """Fit a Critic (`config.members` of them, one after the other) to the dataset by implicit Q-learning.
+    Returns it (eval mode, on the CPU) and its history (every 1000 steps of every member: member, step, v_loss,
+    q_loss, seconds since the start)."""
+    from tqdm.auto import tqdm
+
+    config = config or CriticConfig()
+    config.validate()
+    batch = transitions(data)
+    if len(batch["obs"]) == 0:
+        raise CriticError("the dataset holds no transitions to learn from")
+    batch = {key: value.to(device) for key, value in batch.items()}
+    critic = Critic(data.obs_dim, data.act_dim, config.hidden, config.members)
+    history, start = [], time.perf_counter()
+    with tqdm(total=config.steps * config.members, desc="critic (IQL)", disable=not progress,
+              mininterval=1.0) as bar:
+        for index in range(config.members):
+            critic.members[index].load_state_dict(train_member(batch, config, index, device, history, bar).state_dict())
+    history[-1]["seconds"] = time.perf_counter() - start
+    if not np.isfinite([history[-1]["v_loss"], history[-1]["q_loss"]]).all():
+        raise CriticError("the critic's training diverged (non-finite loss); lower its learning rate")
+    return critic.eval(), history
+
+
+def train_member(batch: dict, config: CriticConfig, index: int, device: str, history: list, bar) -> CriticMember:
+    """Member `index` of a Critic, trained from seed `config.seed + index` on the transitions in `batch`;
+    appends to `history`, advances the progress `bar` by a step per step."""
+    seed = config.seed + index
+    torch.manual_seed(seed)
+    obs_dim, act_dim = batch["obs"].shape[1], batch["act"].shape[1]
+    critic = CriticMember(obs_dim, act_dim, config.hidden)
+    critic.obs_mean.copy_(batch["obs"].mean(0))
+    critic.obs_std.copy_(batch["obs"].std(0) + 1e-6)
+    target = CriticMember(obs_dim, act_dim, config.hidden)
+    target.load_state_dict(critic.state_dict())
+    critic, target = critic.to(device), target.to(device)
+    q_params = [*critic.q1.parameters(), *critic.q2.parameters()]
+    q_optimizer = torch.optim.Adam(q_params, lr=config.learning_rate)
+    v_optimizer = torch.optim.Adam(critic.v_net.parameters(), lr=config.learning_rate)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    schedulers = [torch.optim.lr_scheduler.CosineAnnealingLR(o, config.steps) for o in (q_optimizer, v_optimizer)
+                  ] if config.cosine else []
+    for step in range(config.steps):
+        i = torch.randint(0, len(batch["obs"]), (config.batch_size,), generator=generator, device=device)
+        obs, act, reward, next_obs, done = (batch[key][i] for key in ("obs", "act", "reward", "next_obs", "done"))
+
+        with torch.no_grad():
+            q_target = target.q(obs, act)  # (B,)
+        v_loss = expectile_loss(q_target - critic.v(obs), config.expectile)
+        v_optimizer.zero_grad(set_to_none=True)
+        v_loss.backward()
+        v_optimizer.step()
+
+        with torch.no_grad():
+            td_target = reward + config.gamma * (1 - done) * critic.v(next_obs)  # (B,)
+        q1, q2 = critic.q_pair(obs, act)
+        q_loss = ((q1 - td_target) ** 2).mean() + ((q2 - td_target) ** 2).mean()
+        q_optimizer.zero_grad(set_to_none=True)
+        q_loss.backward()
+        q_optimizer.step()
+
+        for scheduler in schedulers:
+            scheduler.step()
+        with torch.no_grad():  # the target networks follow slowly
+            for p, p_target in zip(q_params, [*target.q1.parameters(), *target.q2.parameters()], strict=True):
+                p_target.lerp_(p, config.target_rate)
+        if step % 1000 == 0 or step == config.steps - 1:
+            history.append({"member": index, "step": step, "v_loss": v_loss.item(), "q_loss": q_loss.item()})
+        bar.update(1)
+    return critic.cpu()
+
+
+def critic_payload(critic: Critic, config: CriticConfig | None = None, history: list[dict] | None = None) -> dict:
+    """What a checkpoint stores of a critic (beside the Trajectory Transformer it plans with)."""
+    return {"obs_dim": critic.obs_dim, "act_dim": critic.act_dim, "hidden": critic.hidden,
+            "members": len(critic.members),
+            "config": asdict(config) if config is not None else None, "history": history or [],
+            "state": {k: v.detach().cpu() for k, v in critic.state_dict().items()}}
+
+
+def critic_from_payload(payload: dict, obs_dim: int, act_dim: int, source: str = "checkpoint") -> Critic:
+    """The Critic a checkpoint stores, checked against the model's observation and action sizes."""
+    from .train import load_weights
+
+    if (payload["obs_dim"], payload["act_dim"]) != (obs_dim, act_dim):
+        raise CriticError(f"the critic in {source} is for obs {payload['obs_dim']} / act {payload['act_dim']}, "
+                          f"the model for obs {obs_dim} / act {act_dim}")
+    critic = Critic(obs_dim, act_dim, payload["hidden"], payload["members"])
+    load_weights(critic, payload["state"], source=f"the critic in {source}")
+    return critic.eval()
