@@ -207,7 +207,7 @@ def _cmd_evaluate(args):
     _check_distributed_args(args)
     path = args.checkpoint or default_checkpoint()
     model, tokenizer, payload = load_checkpoint(path, device=args.device)
-    critic = load_critic(path, device=args.device)
+    critic = load_critic(path, device=args.device, payload=payload)
     planner = _planner_from(args, critic)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)
@@ -365,10 +365,9 @@ def _cmd_train_critic(args):
     import time
 
     from .critic import CriticConfig
-    from .train import add_critic, read_checkpoint
+    from .train import add_critic
 
-    gamma = read_checkpoint(args.checkpoint)["dataset"]["gamma"]
-    config = CriticConfig(expectile=args.expectile, gamma=gamma, steps=args.steps, members=args.members,
+    config = CriticConfig(expectile=args.expectile, steps=args.steps, members=args.members,  # gamma: the checkpoint's
                           batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
                           seed=args.seed)
     t0 = time.perf_counter()

@@ -362,8 +362,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
         model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each
     logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
     zeros = logits.new_zeros(E * W, H)
-    state_dims = slice(0, O) if critic is not None else slice(0, 0)  # the critic needs the states, else none
-    states = bin_centers(tokenizer, prefix[:, prefix.shape[1] - O:][:, state_dims], state_dims)  # (E, O or 0)
+    states = (bin_centers(tokenizer, prefix[:, -O:], slice(0, O)) if critic is not None  # (E, O): the current
+              else prefix.new_zeros(E, 0, dtype=torch.float32))  # observation, for the critic; without one, nothing
     beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone(),
                   states.repeat_interleave(W, 0))
     row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1) every child's environment key

@@ -263,11 +263,12 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
     return model.to(pick_device(device)).eval(), tokenizer, payload
 
 
-def load_critic(path: str, device: str = "auto"):
-    """The Q critic a Trajectory Transformer checkpoint carries (`ttlib train-critic`), or None if it has none."""
+def load_critic(path: str, device: str = "auto", payload: dict | None = None):
+    """The Q critic a Trajectory Transformer checkpoint carries (`ttlib train-critic`), or None if it has none.
+    payload: the checkpoint's, when it has been read already (`load_checkpoint` returns it)."""
     from .critic import critic_from_payload
 
-    payload = read_checkpoint(path)
+    payload = payload if payload is not None else read_checkpoint(path)
     if payload.get("critic") is None:
         return None
     info = payload["dataset"]
@@ -276,12 +277,15 @@ def load_critic(path: str, device: str = "auto"):
 
 def add_critic(path: str, config=None, out: str | None = None, progress: bool = True):
     """Train a Q critic (`critic.train_critic`) on the dataset a Trajectory Transformer checkpoint was trained on,
-    and write the checkpoint again with it (to `out`, default: in place, atomically). -> (critic, history)."""
+    and write the checkpoint again with it (to `out`, default: in place, atomically). The critic discounts as the
+    checkpoint's value targets do (its dataset's gamma), whatever `config` says. -> (critic, history)."""
+    import dataclasses
+
     from .critic import CriticConfig, critic_payload, train_critic
 
     payload = read_checkpoint(path)
     info = payload["dataset"]
-    config = config or CriticConfig(gamma=info["gamma"])
+    config = dataclasses.replace(config or CriticConfig(), gamma=info["gamma"])
     data = ttdata.load(info["id"], gamma=info["gamma"], progress=progress)
     if (data.obs_dim, data.act_dim) != (info["obs_dim"], info["act_dim"]):
         raise CheckpointError(f"dataset {info['id']} has obs {data.obs_dim} / act {data.act_dim} but {path} was "
