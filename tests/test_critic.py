@@ -147,6 +147,10 @@ def test_a_checkpoint_carries_its_critic_and_ray_actors_get_the_same_one(tmp_pat
         assert torch.equal(loaded.q(obs, act), critic.q(obs, act))
         model, tok, _ = load_checkpoint(str(out), device="cpu")
         assert torch.equal(unpack_critic(pack(model, tok, loaded)).q(obs, act), critic.q(obs, act))
+        # a float64 critic (beside a float64 model, for bit-for-bit comparisons) reaches the actors in float64
+        double = unpack_critic(pack(model.double(), tok, loaded.double()))
+        assert next(double.parameters()).dtype == torch.float64
+        assert torch.equal(double.q(obs.double(), act.double()), loaded.double().q(obs.double(), act.double()))
     assert unpack_critic(pack(model, tok)) is None
 
 

@@ -121,6 +121,21 @@ def test_central_inference_same_returns_with_dead_workers_and_planner(cluster, c
         assert result.actor_deaths == 1 and result.reruns == 0
 
 
+def test_local_inference_with_the_critic_equals_one_process(cluster, course):
+    """`evaluate --workers N` with a checkpoint's critic: each worker plans its slice of episodes with the critic
+    that travelled with the weights, and the returns are the single process's (float64 model and critic)."""
+    model, tokenizer, env_id, env_kwargs, _ = course
+    critic = train.load_critic(train.default_checkpoint(), device="cpu").double()
+    planner = planning.critic_planner(beam_width=4)
+    one = rollout.evaluate(model, tokenizer, env_id, SEEDS, planner, env_kwargs=env_kwargs, max_steps=MAX_STEPS,
+                           progress=False, critic=critic)
+    with distributed.RayEvaluator(model, tokenizer, env_id, workers=2, env_kwargs=env_kwargs,
+                                  critic=critic) as evaluator:
+        result = evaluator.evaluate(SEEDS, planner, max_steps=MAX_STEPS, progress=False)
+    assert_same(result, one)
+    assert result.layout == "local" and result.workers == 2
+
+
 def ttlib(*args, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "ttlib", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})

@@ -213,12 +213,14 @@ def critic_payload(critic: Critic, config: CriticConfig | None = None, history: 
 
 
 def critic_from_payload(payload: dict, obs_dim: int, act_dim: int, source: str = "checkpoint") -> Critic:
-    """The Critic a checkpoint stores, checked against the model's observation and action sizes."""
+    """The Critic a checkpoint (or a Ray bundle) stores, in the dtype it was stored in, checked against the model's
+    observation and action sizes."""
     from .train import load_weights
 
     if (payload["obs_dim"], payload["act_dim"]) != (obs_dim, act_dim):
         raise CriticError(f"the critic in {source} is for obs {payload['obs_dim']} / act {payload['act_dim']}, "
                           f"the model for obs {obs_dim} / act {act_dim}")
-    critic = Critic(obs_dim, act_dim, payload["hidden"], payload["members"])
+    dtype = next((v.dtype for v in payload["state"].values() if v.is_floating_point()), torch.float32)
+    critic = Critic(obs_dim, act_dim, payload["hidden"], payload["members"]).to(dtype)
     load_weights(critic, payload["state"], source=f"the critic in {source}")
     return critic.eval()
