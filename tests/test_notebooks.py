@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttlib import checks, planning, rollout, tools, viz
+from ttlib import checks, critic, planning, rollout, tools, viz
 from ttlib import model as ttlib_model
 from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
@@ -515,6 +515,27 @@ def test_05_best_children_agrees_with_ttlib():
         return (score.round() if rng.random() < 0.5 else score), E, W
 
     checks.check_function(best, planning.best_children, inputs, trials=60, exact=True)
+
+
+def test_05_expectile_loss_agrees_with_ttlib_and_is_minimised_at_the_expectile():
+    loss = solutions(COURSE_NOTEBOOKS[5])["expectile_loss"]
+
+    def inputs(rng):
+        diff = torch.as_tensor(rng.normal(size=int(rng.integers(1, 300))) * float(rng.uniform(0.01, 1000)))
+        return (diff.float() if rng.random() < 0.5 else diff), float(rng.uniform(0.001, 0.999))
+
+    checks.check_function(loss, critic.expectile_loss, inputs, trials=60, atol=1e-6, rtol=1e-5)
+    # the constant that minimises it over samples x is their tau-expectile: the root of the asymmetric mean error
+    x = torch.as_tensor(np.random.default_rng(3).standard_t(3, size=500))
+    for tau in (0.1, 0.5, 0.9):
+        low, high = float(x.min()), float(x.max())
+        for _ in range(100):  # bisection on sum(w (x - c)), which falls as c rises
+            mid = (low + high) / 2
+            w = torch.where(x < mid, 1 - tau, tau)
+            low, high = (mid, high) if float((w * (x - mid)).sum()) > 0 else (low, mid)
+        grid = torch.linspace(mid - 0.05, mid + 0.05, 201, dtype=torch.float64)
+        best = grid[int(torch.stack([loss(x - c, tau) for c in grid]).argmin())]
+        assert abs(float(best) - mid) <= 0.0005 + 1e-9, (tau, float(best), mid)
 
 
 def test_05_beam_search_makes_beam_plans_plan():

@@ -61,4 +61,19 @@ for name in ["check_close", "check_equal_arrays", "check_shape", "check_function
 def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):
     raise NotImplementedError()
 '''),
+    # exercise 5: expectile_loss
+    ("05-expectile-loss", "the weights swapped: overestimates cost tau",
+     ("torch.where(diff < 0, 1 - tau, tau)", "torch.where(diff < 0, tau, 1 - tau)")),
+    ("05-expectile-loss", "an absolute error instead of a squared one",
+     ("(weight * diff**2)", "(weight * diff.abs())")),
+    ("05-expectile-loss", "summed, not averaged", ("(weight * diff**2).mean()", "(weight * diff**2).sum()")),
+    ("05-expectile-loss", "no asymmetry: every error weighted tau", ("torch.where(diff < 0, 1 - tau, tau)", "tau")),
+    ("05-expectile-loss", "computed in numpy: right numbers, but no gradient reaches the critic",
+     '''def expectile_loss(diff, tau):
+    u = diff.detach().numpy()
+    return torch.tensor(float(np.mean(np.where(u < 0, 1 - tau, tau) * u**2)), dtype=diff.dtype)
+''', "gradients flow through"),
+    ("05-expectile-loss", "delegates to ttlib's loss", '''def expectile_loss(diff, tau):
+    return ttlib.critic.expectile_loss(diff, tau)
+''', REFUSED),
 ]
