@@ -4,13 +4,15 @@ tests included) in a real Jupyter kernel.
 Every file in tests/wrong_answers/ holds the answers for one notebook (named like it): a list ANSWERS of
 `(grade_id, why, answer)` or `(grade_id, why, answer, says)`. `grade_id` names the exercise's solution cell;
 `answer` is either a pair `(old, new)` -- the solution with `old` replaced by `new`, once -- or a whole new source for
-the cell; `says` is a piece of text the failure must show.
+the cell; `says` is a piece of text the failure must show. A file may also list in SKIP the ids of demo cells that
+no exercise's test needs (notebook 05's full episodes before its last exercise); nbval and the browser test run
+them. Were one of them needed, the solution's own test would fail here, not pass.
 
-The solution notebook runs top to bottom in one kernel, in fast mode, up to the last exercise that has wrong
-answers. Right after an exercise's test cell has passed, each wrong answer to it is run in the solution cell's place
-and the test cell is run again: it must fail with an AssertionError -- what the learner sees, and what nbgrader
-scores as zero for that exercise. The solution is then run again (and ttlib.checks reloaded, in case the answer
-rebound it), so the notebook goes on with the right answer.
+The solution notebook runs top to bottom in one kernel, in fast mode, less the SKIP cells, up to the last exercise
+that has wrong answers. Right after an exercise's test cell has passed, each wrong answer to it is run in the
+solution cell's place and the test cell is run again: it must fail with an AssertionError -- what the learner sees,
+and what nbgrader scores as zero for that exercise. The solution is then run again (and ttlib.checks reloaded, in
+case the answer rebound it), so the notebook goes on with the right answer.
 tests/test_grading.py grades a few of these with nbgrader itself, to show the scores are the ones this predicts.
 """
 
@@ -35,11 +37,15 @@ CELL_TIMEOUT = 300  # seconds; the slowest graded cell in fast mode takes well u
 RESTORE = "import importlib\nimport ttlib.checks\nimportlib.reload(ttlib.checks)\n"
 
 
-def load_answers(path: Path) -> list[tuple]:
+def load_module(path: Path):
     spec = importlib.util.spec_from_file_location(f"wrong_answers_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.ANSWERS
+    return module
+
+
+def load_answers(path: Path) -> list[tuple]:
+    return load_module(path).ANSWERS
 
 
 def grade_id(cell) -> str:
@@ -58,10 +64,16 @@ def error_text(error: CellExecutionError) -> str:
     return f"{error.ename}: {error.evalue}"
 
 
-def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
-    """Run notebooks/<stem>.ipynb with every wrong answer tried after its exercise's test; one record per answer."""
+def run_with_wrong_answers(stem: str, answers: list[tuple], skip: tuple = ()) -> list[dict]:
+    """Run notebooks/<stem>.ipynb with every wrong answer tried after its exercise's test; one record per answer.
+    skip: ids of demo cells not to run."""
     nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
     ids = [grade_id(c) for c in nb.cells]
+    cells_by_id = {c.get("id"): c for c in nb.cells}
+    for cell_id in skip:
+        assert cell_id in cells_by_id, f"{stem}: SKIP names {cell_id!r}, which is no cell of the notebook"
+        cell = cells_by_id[cell_id]
+        assert cell.cell_type == "code" and not grade_id(cell), f"{stem}: SKIP may name demo cells only: {cell_id}"
     by_exercise: dict[str, list[tuple]] = {}
     for answer in answers:
         assert answer[0] in ids, f"{stem}: no solution cell {answer[0]!r}"
@@ -72,7 +84,7 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
     records = []
     with client.setup_kernel(env={**os.environ, "TTLIB_FAST": "1"}):
         for index, cell in enumerate(nb.cells[:last + 1]):
-            if cell.cell_type != "code":
+            if cell.cell_type != "code" or cell.get("id") in skip:
                 continue
             client.execute_cell(cell, index)  # the solution notebook itself must pass
             exercise = grade_id(cell).removesuffix("-test")
@@ -97,14 +109,15 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ANSWER_FILES, ids=[p.stem for p in ANSWER_FILES])
 def test_every_wrong_answer_fails_its_exercise(path):
-    answers = load_answers(path)
+    module = load_module(path)
+    answers = module.ANSWERS
     exercises = {c.metadata["nbgrader"]["grade_id"] for c in nbformat.read(NOTEBOOKS / f"{path.stem}.ipynb",
                                                                             as_version=4).cells
                  if c.metadata.get("nbgrader", {}).get("solution")}
     missing = exercises - {answer[0] for answer in answers}
     assert not missing, f"exercises without a wrong answer: {sorted(missing)}"
     problems = []
-    for record in run_with_wrong_answers(path.stem, answers):
+    for record in run_with_wrong_answers(path.stem, answers, tuple(getattr(module, "SKIP", ()))):
         where = f"{record['exercise']} ({record['why']})"
         if "answer_raised" in record:
             problems.append(f"{where}: the answer cell itself raised {record['answer_raised'][:300]}")
