@@ -14,7 +14,7 @@ c.CourseDirectory.root = os.path.abspath(os.environ.get("TTLIB_COURSE_DIR")
 # Execute:
 # - a cell that runs longer than Execute.timeout (seconds) is interrupted and counts as an error, so a submission
 #   that loops forever loses that exercise and grading goes on. With TTLIB_FAST=1 (as the README grades) the slowest
-#   cell, notebook 05's evaluation, takes about 90 s on a 2-core CPU (notebook 03's live training: 4 minutes
+#   cell, notebook 06's evaluation, takes about 90 s on a 2-core CPU (notebook 03's live training: 4 minutes
 #   without TTLIB_FAST, 30 s with it);
 # - the whole notebook gets BoundedExecute.notebook_timeout seconds, kernel start included: each cell may use at most
 #   what is left, and the cells after the limit are not run (their tests score 0). A submission whose looping

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "artifacts" / "browser"
-RUN_ALL_TIMEOUT_S = 600  # fast mode: most notebooks take under a minute, 05 (full episodes) about 3; bounds a hang
+RUN_ALL_TIMEOUT_S = 600  # fast mode: most notebooks take under a minute, 06 (full episodes) about 3; bounds a hang
 VALIDATE_NOTEBOOK = "01_attention.ipynb"  # a quick one: nbgrader's Validate runs the whole notebook again
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

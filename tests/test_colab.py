@@ -84,7 +84,7 @@ def test_the_colab_path_for_real(tmp_path):
     (fake.parent / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("")
 
-    name = "06_vectorized_rollouts.ipynb"
+    name = "07_vectorized_rollouts.ipynb"
     work = tmp_path / "content"
     work.mkdir()
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)

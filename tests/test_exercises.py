@@ -5,7 +5,7 @@ Every file in tests/wrong_answers/ holds the answers for one notebook (named lik
 `(grade_id, why, answer)` or `(grade_id, why, answer, says)`. `grade_id` names the exercise's solution cell;
 `answer` is either a pair `(old, new)` -- the solution with `old` replaced by `new`, once -- or a whole new source for
 the cell; `says` is a piece of text the failure must show. A file may also list in SKIP the ids of demo cells that
-no exercise's test needs (notebook 05's full episodes before its last exercise); nbval and the browser test run
+no exercise's test needs (notebook 06's full episodes before its first exercise); nbval and the browser test run
 them. Were one of them needed, the solution's own test would fail here, not pass.
 
 The solution notebook runs top to bottom in one kernel, in fast mode, less the SKIP cells, up to the last exercise

@@ -57,7 +57,7 @@ CELL_TIMEOUT = 20  # seconds per cell when grading CHEAP; its slowest cell (the 
 NOTEBOOK_TIMEOUT = 35  # seconds for a whole CHEAP submission; a correct one takes about 15 s
 MEMORY_GB = 2.0  # the memory limit of CHEAP's kernels; a correct one uses well under 1 GiB
 # Every other notebook is graded with this per-cell limit: above fast mode's graded cells and Ray's start on a busy
-# machine; notebook 05's unscored evaluation of full episodes may be cut short. A reply nbclient misses
+# machine; notebook 06's unscored evaluation of full episodes may be cut short. A reply nbclient misses
 # (jupyter/nbclient#312; grade_plugins.BoundedExecute polls for it again every second) would cost at most this much.
 FAST_CELL_TIMEOUT = 100
 FAST_NOTEBOOK_TIMEOUT = 400

@@ -334,7 +334,7 @@ def test_04_reorder_and_bytes_agree_with_kv_cache():
                                   (cache.k[:, :, :, :L], cache.v[:, :, :, :L], cache.length), "reordered cache")
 
 
-# ---- 03: the tokenizer ----------------------------------------------------------------------------------------------
+# ---- 02: the tokenizer ----------------------------------------------------------------------------------------------
 def random_rows(rng):
     n_obs, n_act = int(rng.integers(1, 5)), int(rng.integers(1, 3))
     x = rng.standard_t(df=2, size=(int(rng.integers(3, 400)), n_obs + n_act + 2)) * rng.uniform(0.01, 100)
@@ -517,8 +517,8 @@ def test_05_best_children_agrees_with_ttlib():
     checks.check_function(best, planning.best_children, inputs, trials=60, exact=True)
 
 
-def test_05_expectile_loss_agrees_with_ttlib_and_is_minimised_at_the_expectile():
-    loss = solutions(COURSE_NOTEBOOKS[5])["expectile_loss"]
+def test_06_expectile_loss_agrees_with_ttlib_and_is_minimised_at_the_expectile():
+    loss = solutions(COURSE_NOTEBOOKS[6])["expectile_loss"]
 
     def inputs(rng):
         diff = torch.as_tensor(rng.normal(size=int(rng.integers(1, 300))) * float(rng.uniform(0.01, 1000)))
@@ -570,9 +570,9 @@ def test_05_beam_search_makes_beam_plans_plan():
             torch.testing.assert_close(score[keep], expected_score[expected_keep], atol=1e-9, rtol=0)
 
 
-# ---- 06: vectorized rollouts ----------------------------------------------------------------------------------
-def test_06_encode_transition_agrees_with_contexts():
-    encode = solutions(COURSE_NOTEBOOKS[6])["encode_transition"]
+# ---- 07: vectorized rollouts ----------------------------------------------------------------------------------
+def test_07_encode_transition_agrees_with_contexts():
+    encode = solutions(COURSE_NOTEBOOKS[7])["encode_transition"]
     rng = np.random.default_rng(60)
     for _ in range(20):
         obs_dim, act_dim = int(rng.integers(1, 5)), int(rng.integers(1, 3))
@@ -584,12 +584,12 @@ def test_06_encode_transition_agrees_with_contexts():
         checks.check_equal_arrays(encode(tokenizer, obs, action, reward), contexts.history[0][0], "transition")
 
 
-def test_06_vector_rollout_plays_evaluates_episodes():
+def test_07_vector_rollout_plays_evaluates_episodes():
     """The solution's loop, on 3 environments for 7 seeds (autoresets, episodes of different lengths), returns
     exactly what rollout.evaluate returns in float64."""
     from ttlib import data as ttdata
 
-    ns = solutions(COURSE_NOTEBOOKS[6])
+    ns = solutions(COURSE_NOTEBOOKS[7])
     data = ttdata.load(progress=False)
     tokenizer = TrajectoryTokenizer.fit_dataset(data, n_bins=20)
     torch.manual_seed(0)
@@ -608,8 +608,8 @@ def test_06_vector_rollout_plays_evaluates_episodes():
     np.testing.assert_array_equal([returns[s] for s in seeds], expected.returns)
 
 
-def test_06_build_prefix_agrees_with_contexts():
-    build = solutions(COURSE_NOTEBOOKS[6])["build_prefix"]
+def test_07_build_prefix_agrees_with_contexts():
+    build = solutions(COURSE_NOTEBOOKS[7])["build_prefix"]
     rng = np.random.default_rng(6)
     for _ in range(30):
         obs_dim, act_dim = int(rng.integers(1, 5)), int(rng.integers(1, 3))
@@ -626,11 +626,11 @@ def test_06_build_prefix_agrees_with_contexts():
                                   expected, f"prefix (context {context})")
 
 
-# ---- 08: returns-to-go, interleaving, the evaluation bookkeeping -----------------------------------------------
-def test_08_solutions_agree_with_ttlib_dt():
+# ---- 09: returns-to-go, interleaving, the evaluation bookkeeping -----------------------------------------------
+def test_09_solutions_agree_with_ttlib_dt():
     from ttlib import dt
 
-    ns = solutions("08_decision_transformer.ipynb")
+    ns = solutions("09_decision_transformer.ipynb")
     checks.check_function(ns["returns_to_go"], dt.returns_to_go,
                           lambda rng: (rng.normal(size=int(rng.integers(1, 500))) * 50,), trials=20, atol=1e-3,
                           rtol=1e-6)
@@ -652,11 +652,11 @@ def test_08_solutions_agree_with_ttlib_dt():
         np.testing.assert_allclose(ns["return_tokens"](target, rewards), fed, atol=1e-2, rtol=1e-5)
 
 
-# ---- 07: slices, and the central planner's merge and split ---------------------------------------------------
-def test_07_slices_agree_with_the_evaluator():
+# ---- 08: slices, and the central planner's merge and split ---------------------------------------------------
+def test_08_slices_agree_with_the_evaluator():
     from ttlib import distributed
 
-    split = solutions("07_scaling_out_with_ray.ipynb")["split_episodes"]
+    split = solutions("08_scaling_out_with_ray.ipynb")["split_episodes"]
     for n in range(0, 30):
         for workers in range(1, 9):
             slices = split(n, workers)
@@ -664,10 +664,10 @@ def test_07_slices_agree_with_the_evaluator():
             assert sum(slices, []) == list(range(n))  # every episode exactly once, in order
 
 
-def test_07_merge_and_split_agree_with_the_planner_actor():
+def test_08_merge_and_split_agree_with_the_planner_actor():
     from ttlib import distributed
 
-    ns = solutions("07_scaling_out_with_ray.ipynb")
+    ns = solutions("08_scaling_out_with_ray.ipynb")
     rng = np.random.default_rng(7)
     for _ in range(20):
         P = int(rng.integers(1, 40))

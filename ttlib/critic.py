@@ -2,7 +2,7 @@
 
 Why: the Trajectory Transformer's value token is trained on the discounted return of the episode it came from. On
 mixed data that return says mostly *who* flew the episode, and the model reads the pilot off the action: the
-value then ranks actions by how expert they look, not by what they do (notebook 05, section 10). A critic
+value then ranks actions by how expert they look, not by what they do (notebook 06, section 2). A critic
 trained by temporal differences values an action by its reward and the value of the state it leads to, whoever
 took it:
 

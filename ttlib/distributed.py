@@ -41,7 +41,7 @@ from .critic import Critic, critic_from_payload, critic_payload
 from .fast_decoder import BufferPool
 from .model import GPTConfig, TrajectoryGPT
 from .planning import PlannerConfig, beam_plan, check_critic, check_fits
-from .ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 07)
+from .ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 08)
 from .rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
 from .tokenizer import TrajectoryTokenizer
 
@@ -285,7 +285,7 @@ class RayEvaluator:
         """Play one episode per seed, spread over the workers; -> the returns, in the order of `seeds`.
 
         kill_worker_at=(worker, step): that worker exits abruptly at that step of its first slice, and
-        kill_planner_at=step makes the central planner do so -- to watch recovery (tests, notebook 07).
+        kill_planner_at=step makes the central planner do so -- to watch recovery (tests, notebook 08).
         """
         seeds = [int(s) for s in seeds]
         planner.validate()

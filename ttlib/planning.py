@@ -79,7 +79,7 @@ def check_critic(config: PlannerConfig, critic) -> None:
 
 
 def course_planner(**overrides) -> PlannerConfig:
-    """The planner setting used for the course's LunarLander checkpoint (README, notebooks 05-08, `ttlib evaluate`).
+    """The planner setting used for the course's LunarLander checkpoint (README, notebooks 05-09, `ttlib evaluate`).
 
     A short context and horizon with top-k action sampling: on this small, briefly trained model a long context
     makes the closed-loop agent copy its own past actions. Keyword arguments override single fields.
@@ -90,7 +90,7 @@ def course_planner(**overrides) -> PlannerConfig:
 
 
 def critic_planner(**overrides) -> PlannerConfig:
-    """The course's planner with a Q critic (`critic.py`, notebook 05 section 11): what `ttlib evaluate` plans with
+    """The course's planner with a Q critic (`critic.py`, notebook 06 section 3): what `ttlib evaluate` plans with
     when the checkpoint carries a critic. The model proposes 128 actions (32 beams x 4, top-k 20) and the critic
     ranks them; one step ahead, because the critic already values all that follows, and every further step would
     judge the model's imagined, binned observations instead of the real one."""

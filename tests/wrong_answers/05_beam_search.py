@@ -1,9 +1,6 @@
 """Wrong answers to notebook 05's exercises (see tests/test_exercises.py for the format)."""
 
 REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
-# sections 6-10's demo cells, between exercise 4's test and exercise 5: no exercise's test uses what they compute
-# (full episodes, timings, the expert's branched flights: minutes); nbval and the browser test run them
-SKIP = ["05-021", "05-023", "05-025", "05-027", "05-029", "05-031", "05-034"]
 
 ANSWERS = [
     # exercise 1: sample_bins
@@ -64,19 +61,4 @@ for name in ["check_close", "check_equal_arrays", "check_shape", "check_function
 def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):
     raise NotImplementedError()
 '''),
-    # exercise 5: expectile_loss
-    ("05-expectile-loss", "the weights swapped: overestimates cost tau",
-     ("torch.where(diff < 0, 1 - tau, tau)", "torch.where(diff < 0, tau, 1 - tau)")),
-    ("05-expectile-loss", "an absolute error instead of a squared one",
-     ("(weight * diff**2)", "(weight * diff.abs())")),
-    ("05-expectile-loss", "summed, not averaged", ("(weight * diff**2).mean()", "(weight * diff**2).sum()")),
-    ("05-expectile-loss", "no asymmetry: every error weighted tau", ("torch.where(diff < 0, 1 - tau, tau)", "tau")),
-    ("05-expectile-loss", "computed in numpy: right numbers, but no gradient reaches the critic",
-     '''def expectile_loss(diff, tau):
-    u = diff.detach().numpy()
-    return torch.tensor(float(np.mean(np.where(u < 0, 1 - tau, tau) * u**2)), dtype=diff.dtype)
-''', "gradients flow through"),
-    ("05-expectile-loss", "delegates to ttlib's loss", '''def expectile_loss(diff, tau):
-    return ttlib.critic.expectile_loss(diff, tau)
-''', REFUSED),
 ]

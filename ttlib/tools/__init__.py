@@ -12,7 +12,8 @@ NOTEBOOKS = {
     "03_trajectory_gpt.ipynb": "the Trajectory GPT",
     "04_kv_cache.ipynb": "KV cache",
     "05_beam_search.ipynb": "beam search",
-    "06_vectorized_rollouts.ipynb": "vectorized rollouts",
-    "07_scaling_out_with_ray.ipynb": "scaling out with Ray",
-    "08_decision_transformer.ipynb": "Decision Transformer",
+    "06_critic.ipynb": "a critic that knows what an action does",
+    "07_vectorized_rollouts.ipynb": "vectorized rollouts",
+    "08_scaling_out_with_ray.ipynb": "scaling out with Ray",
+    "09_decision_transformer.ipynb": "Decision Transformer",
 }

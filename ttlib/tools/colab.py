@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository checkout this modul
 
 
 # what a notebook's set-up cell installs beyond ttlib itself (Colab has torch, numpy and matplotlib, not Ray)
-EXTRAS = {"07_scaling_out_with_ray.ipynb": "[ray]"}
+EXTRAS = {"08_scaling_out_with_ray.ipynb": "[ray]"}
 
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\(https://colab\.research\.google\.com/github/[^)]*\)")
