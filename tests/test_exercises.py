@@ -1,19 +1,19 @@
 """Wrong, delegating and tampering answers to the exercises, each run against its notebook's own test cell (hidden
-tests included) in a real Jupyter kernel.
+tests included) in a real Jupyter kernel: the catalogue of mistakes is the test of the messages learners read.
 
 Every file in tests/wrong_answers/ holds the answers for one notebook (named like it): a list ANSWERS of
-`(grade_id, why, answer)` or `(grade_id, why, answer, says)`. `grade_id` names the exercise's solution cell;
-`answer` is either a pair `(old, new)` -- the solution with `old` replaced by `new`, once -- or a whole new source for
-the cell; `says` is a piece of text the failure must show. A file may also list in SKIP the ids of demo cells that
-no exercise's test needs (notebook 06's full episodes before its first exercise); nbval and the browser test run
-them. Were one of them needed, the solution's own test would fail here, not pass.
+`(grade_id, why, answer, says)`. `grade_id` names the exercise's solution cell; `answer` is either a pair
+`(old, new)` -- the solution with `old` replaced by `new`, once -- or a whole new source for the cell; `says` is a
+piece of text the failure must show: the sentence that names the mistake (ttlib.exercises' diagnoses) or, for a
+mistake no diagnosis fits, where the answer first differs.
 
-The solution notebook runs top to bottom in one kernel, in fast mode, less the SKIP cells, up to the last exercise
-that has wrong answers. Right after an exercise's test cell has passed, each wrong answer to it is run in the
-solution cell's place and the test cell is run again: it must fail with an AssertionError -- what the learner sees,
-and what nbgrader scores as zero for that exercise. The solution is then run again (and ttlib.checks reloaded, in
-case the answer rebound it), so the notebook goes on with the right answer.
-tests/test_grading.py grades a few of these with nbgrader itself, to show the scores are the ones this predicts.
+The solution notebook's setup cells, exercise cells and test cells run in one kernel, in fast mode (the demos are
+not needed: every test builds its own trials). Right after an exercise's test cell has passed, each wrong answer
+to it is run in the solution cell's place and the test cell is run again: it must fail with `ExerciseFailed` --
+what the learner sees first, and what nbgrader scores as zero for that exercise -- and say `says`. The solution
+is then run again (and ttlib.checks reloaded, in case the answer rebound it), so the notebook goes on with the
+right answer. tests/test_grading.py grades a few of these with nbgrader itself, to show the scores are the ones
+this predicts.
 """
 
 from __future__ import annotations
@@ -64,27 +64,26 @@ def error_text(error: CellExecutionError) -> str:
     return f"{error.ename}: {error.evalue}"
 
 
-def run_with_wrong_answers(stem: str, answers: list[tuple], skip: tuple = ()) -> list[dict]:
-    """Run notebooks/<stem>.ipynb with every wrong answer tried after its exercise's test; one record per answer.
-    skip: ids of demo cells not to run."""
+def is_graded_path(cell) -> bool:
+    """The cells a test needs: set-up (imports, settings), the exercises and their tests; not the demos."""
+    return cell.cell_type == "code" and ("setup" in cell.metadata.get("tags", []) or bool(grade_id(cell)))
+
+
+def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
+    """Run notebooks/<stem>.ipynb's set-up, exercise and test cells with every wrong answer tried after its
+    exercise's test; one record per answer."""
     nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
     ids = [grade_id(c) for c in nb.cells]
-    cells_by_id = {c.get("id"): c for c in nb.cells}
-    for cell_id in skip:
-        assert cell_id in cells_by_id, f"{stem}: SKIP names {cell_id!r}, which is no cell of the notebook"
-        cell = cells_by_id[cell_id]
-        assert cell.cell_type == "code" and not grade_id(cell), f"{stem}: SKIP may name demo cells only: {cell_id}"
     by_exercise: dict[str, list[tuple]] = {}
     for answer in answers:
         assert answer[0] in ids, f"{stem}: no solution cell {answer[0]!r}"
         by_exercise.setdefault(answer[0], []).append(answer)
-    last = max(ids.index(f"{exercise}-test") for exercise in by_exercise)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
     records = []
     with client.setup_kernel(env={**os.environ, "TTLIB_FAST": "1"}):
-        for index, cell in enumerate(nb.cells[:last + 1]):
-            if cell.cell_type != "code" or cell.get("id") in skip:
+        for index, cell in enumerate(nb.cells):
+            if not is_graded_path(cell):
                 continue
             client.execute_cell(cell, index)  # the solution notebook itself must pass
             exercise = grade_id(cell).removesuffix("-test")
@@ -101,6 +100,7 @@ def run_with_wrong_answers(stem: str, answers: list[tuple], skip: tuple = ()) ->
                     client.execute_cell(nbformat.v4.new_code_cell(cell.source), index)
                 except CellExecutionError as error:
                     record["failure"], record["ename"] = error_text(error), error.ename
+                    record["shown"] = error.traceback if hasattr(error, "traceback") else ""
                 records.append(record)
                 client.execute_cell(nbformat.v4.new_code_cell(RESTORE + solution.source), index)  # the right answer
     return records
@@ -108,25 +108,26 @@ def run_with_wrong_answers(stem: str, answers: list[tuple], skip: tuple = ()) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ANSWER_FILES, ids=[p.stem for p in ANSWER_FILES])
-def test_every_wrong_answer_fails_its_exercise(path):
-    module = load_module(path)
-    answers = module.ANSWERS
+def test_every_wrong_answer_fails_its_exercise_and_is_named(path):
+    answers = load_answers(path)
     exercises = {c.metadata["nbgrader"]["grade_id"] for c in nbformat.read(NOTEBOOKS / f"{path.stem}.ipynb",
                                                                             as_version=4).cells
                  if c.metadata.get("nbgrader", {}).get("solution")}
     missing = exercises - {answer[0] for answer in answers}
     assert not missing, f"exercises without a wrong answer: {sorted(missing)}"
+    unsaid = [answer[1] for answer in answers if len(answer) < 4 or not answer[3]]
+    assert not unsaid, f"wrong answers without the message they must get (`says`): {unsaid}"
     problems = []
-    for record in run_with_wrong_answers(path.stem, answers, tuple(getattr(module, "SKIP", ()))):
+    for record in run_with_wrong_answers(path.stem, answers):
         where = f"{record['exercise']} ({record['why']})"
         if "answer_raised" in record:
             problems.append(f"{where}: the answer cell itself raised {record['answer_raised'][:300]}")
         elif record["failure"] is None:
             problems.append(f"{where}: passed its test")
-        elif record["ename"] != "AssertionError":
-            problems.append(f"{where}: failed with {record['failure'][:300]}, not a checker's AssertionError")
-        elif record["says"] and record["says"] not in record["failure"]:
-            problems.append(f"{where}: the failure does not say {record['says']!r}: {record['failure'][:300]}")
+        elif record["ename"] != "ExerciseFailed":
+            problems.append(f"{where}: failed with {record['failure'][:300]}, not the exercise's check")
+        elif record["says"] not in record["failure"]:
+            problems.append(f"{where}: the failure does not say {record['says']!r}: {record['failure'][:400]}")
     assert not problems, "\n".join(problems)
 
 
