@@ -7,6 +7,7 @@
     ttlib evaluate [--checkpoint PATH] --episodes 10 [--env ENV_ID] [--workers K [--central] [--address HOST:PORT]]
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
+    ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
     ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
 """
@@ -39,6 +40,17 @@ def _cmd_datasets(args):
     for dataset_id in ttdata.buildable():
         if dataset_id not in built:
             print(f"{dataset_id:40s} (not built yet: ttlib make-dataset --dataset {dataset_id})")
+
+
+def _cmd_lab(args):
+    from .tools import lab
+
+    try:
+        code = lab.main(args.jupyter_options)
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
+    if code:
+        raise SystemExit(code)
 
 
 def _cmd_train(args):
@@ -315,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("datasets", help="list local datasets")
     p.set_defaults(func=_cmd_datasets)
 
+    p = sub.add_parser("lab", help="open the course in JupyterLab (the student notebooks, no instructor tools)")
+    p.set_defaults(func=_cmd_lab, jupyter_options=[])  # every option after `lab` goes to `jupyter lab`
+
     _add_train(sub)
     _add_train_critic(sub)
     _add_evaluate(sub)
@@ -447,7 +462,12 @@ def main(argv=None) -> int:
     from .ray_cluster import DistributedError
     from .train import CheckpointError
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's
+        args = build_parser().parse_args(["lab"])
+        args.jupyter_options = argv[1:]
+    else:
+        args = build_parser().parse_args(argv)
     try:
         args.func(args)
     except (ttdata.DatasetError, CheckpointError, ValueError, DistributedError) as e:
