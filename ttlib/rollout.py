@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import threads
 from .fast_decoder import BufferPool
 from .files import atomic_path
 from .model import TrajectoryGPT
@@ -321,6 +322,7 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
                 plans.append((batch.step, _row(plan, 0)))
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))
             bar.set_postfix_str(f"step {batch.step}")  # moves every step, also while no episode has ended yet
+            threads.keep_fitting()  # as many torch threads as the other programs leave cores free
         return Episodes(list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans)
     finally:
         batch.close()
