@@ -1,0 +1,138 @@
+"""Autograding's hidden tests, out of the submission's kernel: what decides a graded test cell's points.
+
+nbgrader scores a test cell by its outputs: an error means 0. The kernel that ran the notebook ran the student's
+code too, so nothing it says can be trusted to decide a grade -- a submission can swallow its own errors, read or
+rewrite what a check compares with, or print what nbgrader takes for partial credit. Here, after the kernel's run:
+
+1. `run_hidden` starts `python -m ttlib.exercises.hidden` in a sandbox of its own (ttlib.tools.sandbox), on the
+   release's setup cells and the submission's definitions only, with trials from a seed chosen now, and reads its
+   records; the exercises are judged in this process (`judge_records`), where the submission never ran. An
+   exercise that loops is stopped at its CPU budget and the runner starts again with the exercises after it.
+2. `apply_verdicts` rewrites each graded test cell's outputs: what it printed stays (stderr too, moved to stdout, so
+   a warning never costs points), results nbgrader would read as partial credit are dropped, the kernel's own error
+   is replaced by the verdict -- an error output with the message the student reads, or nothing when it passed.
+
+Test cells of exercises that have no `ttlib.exercises` entry are left to the kernel's run, as nbgrader does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+
+import nbformat
+
+from ..exercises import find
+from ..exercises.hidden import judge_records
+
+__all__ = ["HiddenRun", "hidden_exercises", "run_hidden", "apply_verdicts"]
+
+
+@dataclass
+class HiddenRun:
+    verdicts: dict[str, str | None]  # test cell grade_id -> None (passed) or the message
+    seconds: float = 0.0  # on the clock, every runner start together
+    cpu_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what happened to the runner (stopped at a limit, restarted)
+
+
+def hidden_exercises(nb) -> dict[str, str]:
+    """{test cell grade_id: exercise id} for the graded cells whose exercise ttlib.exercises knows."""
+    found = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        grade_id = meta.get("grade_id", "")
+        if meta.get("grade") and cell.get("cell_type") == "code" and find(grade_id) is not None:
+            found[grade_id] = grade_id.removesuffix("-test")
+    return found
+
+
+def run_hidden(submitted, released_path: str, limits=None, protected=(), exercise_cpu: float = 120.0) -> HiddenRun:
+    """Run the hidden tests of `submitted` (a notebook) against the release at `released_path`."""
+    from . import sandbox
+
+    tests = hidden_exercises(submitted)
+    remaining = list(dict.fromkeys(tests.values()))
+    seed = secrets.randbelow(2**31 - 10_000)
+    files = {"released.ipynb": open(released_path, "rb").read(),
+             "submitted.ipynb": nbformat.writes(submitted).encode("utf-8")}
+    lines: list[str] = []
+    run = HiddenRun(verdicts={})
+    startup_cpu = 60.0  # importing torch and ttlib, the release's setup cells, the definitions
+    while remaining:
+        budget = startup_cpu + exercise_cpu * len(remaining)
+        box_limits = sandbox.Limits(**{**(limits.__dict__ if limits is not None else {}),
+                                       "cpu_seconds": budget, "wall_seconds": 4 * budget})
+        argv = [os.environ.get("TTLIB_PYTHON", _python()), "-m", "ttlib.exercises.hidden", "released.ipynb",
+                "submitted.ipynb", "--exercises", ",".join(remaining), "--seed", str(seed)]
+        result = sandbox.run(argv, box_limits, protected=protected, files=files, name="hidden")
+        run.seconds += result.wall_seconds
+        run.cpu_seconds += result.cpu_seconds
+        out = result.stdout.decode("utf-8", errors="replace").splitlines()
+        lines += out
+        started, finished = _progress(out)
+        if result.stopped:
+            run.notes.append(f"the hidden tests were stopped ({result.stopped}) while running "
+                             f"{', '.join(started - finished) or 'the notebook definitions'}")
+        unfinished = [e for e in remaining if e not in finished]
+        stuck = [e for e in unfinished if e in started]
+        if not stuck:  # nothing started and was left unfinished: the runner cannot make progress
+            if unfinished and not result.stopped and result.returncode != 0:
+                run.notes.append(f"the hidden tests' process ended with status {result.returncode}")
+            break
+        remaining = [e for e in unfinished if e not in stuck]  # go on after the one that did not finish
+    verdicts = judge_records(lines, list(dict.fromkeys(tests.values())), seed)
+    run.verdicts = {grade_id: verdicts[exercise] for grade_id, exercise in tests.items()}
+    return run
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _progress(lines: list[str]) -> tuple[set[str], set[str]]:
+    started, finished = set(), set()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("exercise"), str):
+            if entry.get("started"):
+                started.add(entry["exercise"])
+            if entry.get("finished"):
+                finished.add(entry["exercise"])
+    return started, finished
+
+
+def _error(ename: str, message: str) -> dict:
+    lines = message.splitlines() or [""]
+    return nbformat.v4.new_output("error", ename=ename, evalue=message,
+                                  traceback=["\x1b[1;31m" + lines[0] + "\x1b[0m", *lines[1:]])
+
+
+def apply_verdicts(nb, verdicts: dict[str, str | None]) -> None:
+    """Every graded test cell's outputs: printed text kept (stderr as stdout), nothing nbgrader would read as
+    partial credit, and the hidden tests' verdict in place of the kernel's error where there is one."""
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not (meta.get("grade") and cell.get("cell_type") == "code"):
+            continue
+        grade_id = meta.get("grade_id")
+        kept = []
+        for output in cell.get("outputs", []):
+            kind = output.get("output_type")
+            if kind == "stream":
+                kept.append(nbformat.v4.new_output("stream", name="stdout", text=output.get("text", "")))
+            elif kind == "error" and grade_id not in verdicts:
+                kept.append(output)  # no hidden tests for it: the kernel's run decides, as nbgrader does
+            elif kind == "display_data":  # pictures and text a check showed; never a score
+                kept.append(output)
+            # execute_result: what nbgrader would read as partial credit -- dropped
+        if grade_id in verdicts and verdicts[grade_id] is not None:
+            kept.append(_error("HiddenTestFailed", verdicts[grade_id]))
+        cell["outputs"] = kept
