@@ -152,7 +152,9 @@ def test_exercises_are_nbgrader_ready(name):
         meta = grading(cell)
         assert meta["solution"] is False and meta["locked"] is True and meta["points"] > 0
         assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source
-        assert "from ttlib.checks import" in cell.source, "a visible check from ttlib.checks"
+        exercise = re.search(r"^from ttlib\.exercises\.\w+ import (\w+)$", cell.source, re.M)
+        assert "from ttlib.checks import" in cell.source or exercise and f"{exercise[1]}.check(globals())" in \
+            cell.source, "a visible check: ttlib.checks, or an exercise of ttlib.exercises"
     # each exercise: markdown stating its points, then solution cell(s), then its test cell
     order = [("test", grading(c)["points"]) if grading(c).get("grade") else ("solution", None) if grading(c) else
              ("markdown", c.source) if c.cell_type == "markdown" else ("code", None) for c in nb.cells]
@@ -457,6 +459,47 @@ def test_03_gpt_agrees_with_trajectory_gpt():
         bins = torch.as_tensor(rng.integers(0, c.n_bins, size=(3, int(rng.integers(1, c.block_size + 1)))))
         with torch.no_grad():
             checks.check_close(mine(bins), model(bins)[0], "GPT logits", atol=1e-5)
+
+
+def test_03_exercise_references_are_the_models():
+    """The references notebook 03's exercises compare with (ttlib.exercises.gpt) compute what TrajectoryGPT does:
+    its token ids, its per-position heads and its loss, on random models."""
+    from ttlib.exercises import gpt
+
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        model = randomized(random_gpt(rng, n_layer=2, action_weight=float(rng.uniform(1, 6))))
+        c = model.config
+        T = int(rng.integers(1, c.block_size + 1))
+        bins, targets = (torch.as_tensor(rng.integers(0, c.n_bins, size=(2, T))) for _ in range(2))
+        mask = torch.as_tensor(rng.random((2, T)) < 0.7, dtype=torch.float32)
+        checks.check_equal_arrays(gpt.lent_token_ids(bins, 0, c.transition_dim, c.n_bins),
+                                  gpt.ttlib_token_ids(bins, 0, c.transition_dim, c.n_bins), "token ids")
+        seen = []
+        hook = model.ln_f.register_forward_hook(lambda module, inputs, output, seen=seen: seen.append(output))
+        with torch.no_grad():
+            logits, loss = model(bins, targets, mask)
+        hook.remove()
+        checks.check_close(gpt.ttlib_heads(seen[0], model.head_weight, model.head_bias, 0), logits, "heads",
+                           atol=1e-5)
+        checks.check_close(gpt.ttlib_weighted_cross_entropy(logits, targets, mask, model.dim_weight), loss, "loss",
+                           atol=1e-5)
+        mine = gpt.load_weights(gpt.GivenGPT(c), model.state_dict(), "TrajectoryGPT")
+        assert set(mine.state_dict()) == set(model.state_dict())
+
+
+def test_03_weights_that_do_not_fit_are_named():
+    """A class whose names or sizes differ from ttlib's gets a message naming them, not load_state_dict's error."""
+    from ttlib.exercises.gpt import TTLibBlock, load_weights
+
+    state = TTLibBlock(8, 2).state_dict()
+    renamed = TTLibBlock(8, 2)
+    renamed.ffn = renamed.mlp
+    del renamed.mlp
+    with pytest.raises(AssertionError, match=r"missing in yours: mlp\.up\.weight, .*; unexpected in yours: ffn\.up"):
+        load_weights(renamed, state, "Block")
+    with pytest.raises(AssertionError, match=r"ln_1\.weight has shape \(4,\) in yours but \(8,\) in ttlib's"):
+        load_weights(TTLibBlock(4, 2), state, "Block")
 
 
 def test_03_learning_rate_agrees_with_ttlib():
