@@ -170,7 +170,8 @@ def delegating(assignment):
 def last_bug(assignment) -> tuple[str, str]:
     """(grade_id, source): a plausible bug in the notebook's last exercise (no later test can use it)."""
     grade_id = list(solution_sources(assignment))[-1]
-    why = next(a[1] for a in WRONG[assignment] if a[0] == grade_id and len(a) == 3)
+    why = next(a[1] for a in WRONG[assignment] if a[0] == grade_id and isinstance(a[2], tuple)
+               and a[3] != REFUSED)  # a plausible slip (a small edit of the solution), not a delegation
     return grade_id, wrong_answer(assignment, grade_id, why)
 
 

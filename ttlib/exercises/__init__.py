@@ -97,6 +97,7 @@ class Exercise:
                 report: Callable[[str], None] | None = None) -> Trial:
         """Run `answer` on `trial`. A learner's answer runs guarded (the references it rebuilds refuse to run);
         ttlib's runs as it is, and raises if it fails. A learner's or a mistake's exceptions become messages."""
+        trial = _copy(trial)  # an answer that writes into its inputs cannot change the next answer's
         if answer.whose == "ttlib":
             return Trial(outputs=_arrays(self.run(answer, trial)))
         try:
@@ -249,6 +250,16 @@ def compare(got: np.ndarray, expected: np.ndarray, name: str, atol: float, rtol:
         check_equal_arrays(got, expected, name)
     else:
         check_close(got, expected, name, atol=atol, rtol=rtol)
+
+
+def _copy(trial):
+    """A deep copy of a trial, or the trial itself where it cannot be copied (a live environment, an actor)."""
+    import copy
+
+    try:
+        return copy.deepcopy(trial)
+    except Exception:  # noqa: BLE001 (whatever cannot be copied is the trial's own: its run builds it afresh)
+        return trial
 
 
 def _first_line(error: BaseException) -> str:

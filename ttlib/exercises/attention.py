@@ -71,7 +71,8 @@ def _attention_with(scale=None, softmax_dim=-1, keep_where_mask=True, mask_after
 sdpa = Exercise(
     id="01-sdpa", number=1, what="your scaled_dot_product_attention", names=("scaled_dot_product_attention",),
     trial=sdpa_trial, run=run_sdpa, reference={"scaled_dot_product_attention": torch_sdpa},
-    forbid=(ttlib_attention.explicit_attention, ttlib_attention.fast_attention, *TORCH_ATTENTION),
+    forbid=(ttlib_attention.explicit_attention, ttlib_attention.fast_attention, torch_sdpa, _attention_with(),
+            *TORCH_ATTENTION),
     trials=10, hidden_trials=12, passed="your attention matches PyTorch's.",
     mistakes=[
         Mistake("this is attention without the 1/sqrt(d) scaling: divide the scores q @ k^T by sqrt(d) "
@@ -205,7 +206,9 @@ multi_head = Exercise(
     names=("split_heads", "merge_heads", "multi_head_attention"), trial=heads_trial, run=run_heads,
     reference={"split_heads": split_heads, "merge_heads": merge_heads,
                "multi_head_attention": ttlib_multi_head_attention},
-    lends={"scaled_dot_product_attention": lent_sdpa}, forbid=(ttlib_attention.CausalSelfAttention, *TORCH_ATTENTION),
+    lends={"scaled_dot_product_attention": lent_sdpa},
+    forbid=(ttlib_attention.CausalSelfAttention, split_heads, merge_heads, ttlib_multi_head_attention,
+            *TORCH_ATTENTION),
     trials=8, hidden_trials=10, passed="your multi-head attention is ttlib's CausalSelfAttention.",
     mistakes=[
         Mistake("the heads are merged without moving the head axis back: transpose (B, H, T, D) to (B, T, H, D) "
