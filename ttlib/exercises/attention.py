@@ -173,10 +173,12 @@ def heads_trial(rng):
 
 def run_heads(answer, trial):
     x, qkv, proj, H, mask = trial
+    B, T, C = x.shape
+    heads = x.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D): merge_heads' input, the right split
     with torch.no_grad():
         split = answer.split_heads(x, H)
         return {f"split_heads(x of shape {tuple(x.shape)}, {H} heads)": split,
-                "merge_heads(split_heads(x))": answer.merge_heads(split_heads(x, H)),
+                "merge_heads(split_heads(x))": answer.merge_heads(heads),
                 "multi_head_attention(x, qkv, proj, n_head, mask)":
                     answer.multi_head_attention(x, qkv, proj, H, mask)}
 
