@@ -117,6 +117,9 @@ def test_planning_is_timed_both_ways_in_both_dtypes(smoke):
     for r in runs:
         assert r["device"] == "cpu" and r["preset"] == "tiny" and r["ms_per_plan_cached"] > 0
         assert r["speedup"] == pytest.approx(r["ms_per_plan_uncached"] / r["ms_per_plan_cached"])
+    speedup = report["parts"]["planning"]["bfloat16_speedup"]
+    assert speedup == {str(b): pytest.approx(runs[i]["ms_per_plan_cached"] / runs[i + 2]["ms_per_plan_cached"])
+                       for i, b in enumerate((1, 2))}
     float32, bfloat16 = runs[0], runs[2]
     assert float32["max_logit_gap"] < 1e-4 * (1 + float32["max_abs_logit"])  # the float32 tolerance
     assert bfloat16["max_logit_gap"] > 10 * float32["max_logit_gap"]  # bfloat16 really ran: 8 bits of mantissa
