@@ -24,12 +24,13 @@ def test_explicit_attention_matches_sdpa():
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("seed", range(5))
-def test_cached_decoding_equals_full_recompute(seed):
-    model = small_model(seed)
+def test_cached_decoding_equals_full_recompute(seed, device):
+    model = small_model(seed).to(device)
     g = torch.Generator().manual_seed(seed)
     B, T = 3, model.config.block_size
-    bins = torch.randint(0, 13, (B, T), generator=g)
+    bins = torch.randint(0, 13, (B, T), generator=g).to(device)
     prefix = int(torch.randint(1, T - 1, (1,), generator=g))
     with torch.no_grad():
         full, _ = model(bins)
@@ -57,23 +58,24 @@ def test_value_rule_holds_in_cached_decoding():
     assert not torch.allclose(a[:, td - 1], b[:, td - 1])
 
 
-def test_reorder_matches_full_recompute():
+@pytest.mark.exactness
+def test_reorder_matches_full_recompute(device):
     """Beam search's reorder: keep, drop and duplicate rows, then continue decoding: the same as recomputing."""
-    model = small_model(2)
+    model = small_model(2).to(device)
     T = model.config.block_size
     B, P = 6, 8
     torch.manual_seed(3)
-    rows = torch.randint(0, 13, (B, T))
+    rows = torch.randint(0, 13, (B, T)).to(device)
     with torch.no_grad():
         cache = model.new_cache(B)
         model(rows[:, :P], cache=cache)
         outs = [model(rows[:, t:t + 1], cache=cache)[0] for t in range(P, P + 5)]
         full = model(rows)[0]
         torch.testing.assert_close(torch.cat(outs, 1), full[:, P:P + 5], atol=1e-5, rtol=0)
-        keep = torch.tensor([2, 2, 0, 5, 3, 3])
+        keep = torch.tensor([2, 2, 0, 5, 3, 3], device=device)
         cache.reorder(keep)
         rows = rows[keep].clone()
-        rows[:, P + 5:] = torch.randint(0, 13, rows[:, P + 5:].shape)
+        rows[:, P + 5:] = torch.randint(0, 13, rows[:, P + 5:].shape).to(device)
         full = model(rows)[0]
         outs = [model(rows[:, t:t + 1], cache=cache)[0] for t in range(P + 5, T)]
     torch.testing.assert_close(torch.cat(outs, 1), full[:, P + 5:], atol=1e-5, rtol=0)

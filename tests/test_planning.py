@@ -10,8 +10,8 @@ from ttlib.fast_decoder import BufferPool, FusedDecoder, min_slots
 from ttlib.planning import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
 
 
-def tiny(dtype=torch.float64, seed=0):
-    return random_model(PRESETS["tiny"], dtype=dtype, seed=seed)
+def tiny(dtype=torch.float64, seed=0, device="cpu"):
+    return random_model(PRESETS["tiny"], device=device, dtype=dtype, seed=seed)
 
 
 def prefix_for(model, n_envs, transitions, seed=0):
@@ -20,12 +20,13 @@ def prefix_for(model, n_envs, transitions, seed=0):
     return torch.randint(0, c.n_bins, (n_envs, (transitions - 1) * c.transition_dim + c.obs_dim), generator=g)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("seed", range(3))
-def test_all_three_decoders_make_the_same_plan_in_float64(seed):
+def test_all_three_decoders_make_the_same_plan_in_float64(seed, device):
     """In float64 rounding is ~1e-16, far below any near-tie a search meets: the fused decoder, the readable one on
     the model's own cache and the recomputing baseline make the same plan. (In float32 a near-tie can go either
     way on another torch, CPU or GPU: there the claim is the next test's.)"""
-    model, tok = tiny(torch.float64, seed)
+    model, tok = tiny(torch.float64, seed, device)
     prefix = prefix_for(model, 3, 3, seed)
     keys = torch.tensor([11, 22, 33]) + seed
     settings = dict(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)
@@ -36,11 +37,12 @@ def test_all_three_decoders_make_the_same_plan_in_float64(seed):
         torch.testing.assert_close(fused.score, plan.score, atol=1e-9, rtol=0)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("seed", range(3))
-def test_both_decoders_compute_the_same_logits_along_a_float32_plan(seed):
+def test_both_decoders_compute_the_same_logits_along_a_float32_plan(seed, device):
     """What "the cache changes nothing" means in float32: fed the same tokens (the cached plan's), the cached and the
     recomputing decoder give the same logits, to rounding."""
-    model, tok = tiny(torch.float32, seed)
+    model, tok = tiny(torch.float32, seed, device)
     prefix = prefix_for(model, 3, 3, seed)
     plan = beam_plan(model, tok, prefix, torch.tensor([11, 22, 33]) + seed,
                      PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5))
@@ -56,13 +58,14 @@ def test_both_decoders_compute_the_same_logits_along_a_float32_plan(seed):
     assert (planning.logits_along(model, prefix, other)[:, 1:] - cached[:, 1:]).abs().max() > 1e-3
 
 
-def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
+@pytest.mark.exactness
+def test_decoders_agree_through_any_sequence_of_expansions_and_selections(device):
     """Beyond what beam_plan does: more tokens than the buffers first hold (they grow, while expanded and not),
     children expanded again before a selection, a selection with no expansion before it, and selections that keep,
     drop and duplicate rows (each row stays with its environment: the first half of the rows plans for environment
     0, the second for 1)."""
-    model, _ = tiny(torch.float64)
-    fused, readable, recomputed = (Decoder(model, prefix_for(model, 2, 2), 3, 10) for Decoder in (
+    model, _ = tiny(torch.float64, device=device)
+    fused, readable, recomputed = (Decoder(model, prefix_for(model, 2, 2).to(device), 3, 10) for Decoder in (
         FusedDecoder, CachedDecoder, RecomputeDecoder))
     decoders = (fused, readable, recomputed)
     torch.testing.assert_close(fused.logits, recomputed.logits)
@@ -80,11 +83,11 @@ def test_decoders_agree_through_any_sequence_of_expansions_and_selections():
                 rows *= arg
             elif action == "select":
                 for decoder in decoders:
-                    decoder.select(torch.tensor(arg))
+                    decoder.select(torch.tensor(arg, device=device))
                 rows = len(arg)
             else:
                 for _ in range(arg):
-                    bins = torch.randint(0, model.config.n_bins, (rows,), generator=g)
+                    bins = torch.randint(0, model.config.n_bins, (rows,), generator=g).to(device)
                     expected = recomputed.feed(bins)
                     torch.testing.assert_close(fused.feed(bins), expected)
                     torch.testing.assert_close(readable.feed(bins), expected)
@@ -130,8 +133,9 @@ def test_plan_shapes_and_decoding():
     torch.testing.assert_close(plan.score, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_an_environment_plans_the_same_alone_or_in_a_batch():
-    model, tok = tiny()
+@pytest.mark.exactness
+def test_an_environment_plans_the_same_alone_or_in_a_batch(device):
+    model, tok = tiny(device=device)
     prefix = prefix_for(model, 4, 3)
     keys = torch.tensor([5, 6, 7, 8])
     config = PlannerConfig(beam_width=4, horizon=2, context=3)

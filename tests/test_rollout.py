@@ -15,19 +15,21 @@ ENV = "LunarLanderContinuous-v3"
 
 
 @pytest.fixture(scope="module")
-def lander_model():
-    """A small random model with a tokenizer fitted on the course data (float64: bit-for-bit comparisons)."""
+def lander_model(device):
+    """A small random model with a tokenizer fitted on the course data (float64: bit-for-bit comparisons), on the
+    `device` fixture's device."""
     data = ttdata.load(progress=False)
     tokenizer = TrajectoryTokenizer.fit_dataset(data, n_bins=20)
     torch.manual_seed(0)
     config = GPTConfig(obs_dim=8, act_dim=2, n_bins=20, n_layer=1, n_head=2, n_embd=32, n_transitions=4,
                        dropout=0.0)
-    return TrajectoryGPT(config).double().eval(), tokenizer
+    return TrajectoryGPT(config).double().to(device).eval(), tokenizer
 
 
 PLANNER = PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2)
 
 
+@pytest.mark.exactness
 def test_vectorized_and_sequential_rollouts_give_the_same_returns(lander_model):
     model, tok = lander_model
     seeds = [3, 4, 5, 6]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -49,8 +49,21 @@ PRESETS = {
 }
 
 
-def random_model(preset: Preset, device="cpu", dtype=torch.float32, seed=0):
+def preset_of(preset: str | Preset) -> Preset:
+    """A preset by name (PRESETS), or a Preset given as it is (other sizes, e.g. a tiny model of HalfCheetah's
+    shape)."""
+    return PRESETS[preset] if isinstance(preset, str) else preset
+
+
+def planner_for(preset: Preset) -> PlannerConfig:
+    """The planner setting a preset names (faster-TT's evaluation setting for "halfcheetah")."""
+    return PlannerConfig(beam_width=preset.beam_width, horizon=preset.horizon, context=preset.context,
+                         sample_expand=preset.sample_expand)
+
+
+def random_model(preset: str | Preset, device="cpu", dtype=torch.float32, seed=0):
     """A randomly initialised model and a tokenizer fitted on Gaussian data, for timing only."""
+    preset = preset_of(preset)
     torch.manual_seed(seed)
     config = GPTConfig(obs_dim=preset.obs_dim, act_dim=preset.act_dim, n_bins=preset.n_bins,
                        n_layer=preset.n_layer, n_head=preset.n_head, n_embd=preset.n_embd,
@@ -79,8 +92,16 @@ def timed(fn, repeats: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def environment() -> dict:
-    return {"device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(),
+def _name(preset: str | Preset):
+    """How a result names its preset: the name, or every size of a Preset given as it is."""
+    return preset if isinstance(preset, str) else asdict(preset)
+
+
+def environment(device: str = "cpu") -> dict:
+    """Where a benchmark ran: the device it was given (its name, for a GPU), threads, PyTorch."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"device": device.type, "device_name": name, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__}
 
 
@@ -109,10 +130,10 @@ def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int) -> int:
 
 
 # ---- benchmarks ---------------------------------------------------------------------------------------------
-def bench_decoding(preset: str = "halfcheetah", length: int | None = None, batch: int = 1, repeats: int = 5,
-                   device: str = "cpu") -> dict:
+def bench_decoding(preset: str | Preset = "halfcheetah", length: int | None = None, batch: int = 1,
+                   repeats: int = 5, device: str = "cpu") -> dict:
     """Generate `length` tokens one by one: with the KV cache vs running the whole prefix again each time."""
-    p = PRESETS[preset]
+    p = preset_of(preset)
     model, _ = random_model(p, device)
     length = length or model.config.block_size
     bins = torch.randint(0, p.n_bins, (batch, length), device=device)
@@ -130,18 +151,18 @@ def bench_decoding(preset: str = "halfcheetah", length: int | None = None, batch
 
     t_cached = timed(cached, repeats)
     t_recompute = timed(recompute, repeats)
-    return {"benchmark": "decoding", "preset": preset, "length": length, "batch": batch,
+    return {"benchmark": "decoding", "preset": _name(preset), "length": length, "batch": batch,
             "tokens_per_s_cached": batch * length / t_cached, "tokens_per_s_recompute": batch * length / t_recompute,
-            "speedup": t_recompute / t_cached, **environment()}
+            "speedup": t_recompute / t_cached, **environment(device)}
 
 
-def bench_planning(preset: str = "halfcheetah", batch: int = 1, repeats: int = 5, uncached_repeats: int = 1,
-                   device: str = "cpu", dtype: str = "float32") -> dict:
-    """ms per beam_plan call (batch environments at once), cached and uncached, and GFLOP/s achieved."""
-    p = PRESETS[preset]
+def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats: int = 5,
+                   uncached_repeats: int = 1, device: str = "cpu", dtype: str = "float32") -> dict:
+    """ms per beam_plan call (batch environments at once), cached and uncached, and GFLOP/s achieved; and the
+    largest difference of the two decoders' logits along the cached plan, beside the largest logit."""
+    p = preset_of(preset)
     model, tokenizer = random_model(p, device, getattr(torch, dtype))
-    planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
-                            sample_expand=p.sample_expand)
+    planner = planner_for(p)
     td = model.config.transition_dim
     prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * td + p.obs_dim), device=device)
     keys = torch.arange(batch)
@@ -154,26 +175,26 @@ def bench_planning(preset: str = "halfcheetah", batch: int = 1, repeats: int = 5
     t_cached = timed(lambda: run(True), repeats, warmup=2)
     t_uncached = timed(lambda: run(False), uncached_repeats, warmup=0) if uncached_repeats > 0 else float("nan")
     plan = run(True)  # the decoders on the same tokens (the cached plan's): their largest logit difference
-    logit_gap = float((logits_along(model, prefix, plan.bins, True) - logits_along(model, prefix, plan.bins, False)
-                       ).abs().max())
+    recomputed = logits_along(model, prefix, plan.bins, False)
+    logit_gap = float((logits_along(model, prefix, plan.bins, True) - recomputed).abs().max())
     flops = plan_flops(model.config, planner, batch)
-    return {"benchmark": "planning", "preset": preset, "batch": batch, "beam_width": p.beam_width,
+    return {"benchmark": "planning", "preset": _name(preset), "batch": batch, "beam_width": p.beam_width,
             "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
             "seq_len": model.config.block_size + 1, "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim,
                                                                                      p.horizon),
             "ms_per_plan_cached": 1000 * t_cached, "ms_per_plan_uncached": 1000 * t_uncached,
-            "speedup": t_uncached / t_cached, "max_logit_gap": logit_gap, "gflop_per_plan": flops / 1e9,
-            "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype, **environment()}
+            "speedup": t_uncached / t_cached, "max_logit_gap": logit_gap,
+            "max_abs_logit": float(recomputed.abs().max()), "gflop_per_plan": flops / 1e9,
+            "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype, **environment(device)}
 
 
-def profile_planning(preset: str = "halfcheetah", batch: int = 1, device: str = "cpu") -> dict:
+def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, device: str = "cpu") -> dict:
     """Where one cached plan's time goes: shares of self time by kind of operation (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    p = PRESETS[preset]
+    p = preset_of(preset)
     model, tokenizer = random_model(p, device)
-    planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
-                            sample_expand=p.sample_expand)
+    planner = planner_for(p)
     prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * model.config.transition_dim + p.obs_dim),
                            device=device)
     buffers = BufferPool()
@@ -190,43 +211,62 @@ def profile_planning(preset: str = "halfcheetah", batch: int = 1, device: str = 
         kind = next((k for k, ops in kinds.items() if name in ops), "everything else (small ops, views, Python)")
         shares[kind] += e.self_cpu_time_total / total
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    return {"benchmark": "planning-profile", "preset": preset, "batch": batch, "aten_ops_per_plan": ops,
+    return {"benchmark": "planning-profile", "preset": _name(preset), "batch": batch, "aten_ops_per_plan": ops,
             "op_time_ms": total / 1000, "time_shares": {k: round(v, 3) for k, v in shares.items()},
-            **environment()}
+            **environment(device)}
 
 
 def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | None = None,
-                   planner: PlannerConfig | None = None, repeats: int = 3) -> dict:
+                   planner: PlannerConfig | None = None, repeats: int = 3, preset: str | Preset | None = None,
+                   env_id: str | None = None, device: str = "cpu", sequential_episodes: int | None = None) -> dict:
     """The same episodes evaluated vectorized (one batch) and sequentially (one by one): median seconds of
-    `repeats` runs each, after a two-step warm-up of both."""
+    `repeats` runs each, after a two-step warm-up of both.
+
+    By default the shipped checkpoint plans in its own environment. With `preset`, a randomly initialised model
+    of that preset's shape plans in `env_id` with the preset's planner -- what a plan costs does not depend on
+    the weights (faster-TT's headline: preset "halfcheetah", 25 episodes of 1,000 steps in HalfCheetah-v5).
+    `sequential_episodes`: play only the first k episodes one by one (default: all), for when all of them would
+    take too long; the speedup then compares the time per episode."""
     from .rollout import evaluate
     from .train import default_checkpoint, load_checkpoint
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device="cpu")
-    info = payload["dataset"]
-    planner = planner or PlannerConfig(beam_width=8, horizon=3, sample_expand=2, context=3)
+    k = episodes if sequential_episodes is None else sequential_episodes
+    if not 1 <= k <= episodes:
+        raise ValueError(f"sequential_episodes must be between 1 and episodes ({episodes}), got {k}")
+    if preset is None:
+        model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device=device)
+        env_id, env_kwargs = payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]
+        planner = planner or PlannerConfig(beam_width=8, horizon=3, sample_expand=2, context=3)
+    else:
+        if env_id is None:
+            raise ValueError("a preset's random model needs an environment of its shape: pass env_id")
+        model, tokenizer = random_model(preset, device)
+        env_kwargs, planner = None, planner or planner_for(preset_of(preset))
     seeds = list(range(1000, 1000 + episodes))
 
-    def run(vectorized, steps=max_steps):
-        return evaluate(model, tokenizer, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
-                        vectorized=vectorized, max_steps=steps, progress=False)
+    def run(seeds, vectorized, steps=max_steps):
+        return evaluate(model, tokenizer, env_id, seeds, planner, env_kwargs=env_kwargs, vectorized=vectorized,
+                        max_steps=steps, progress=False)
 
-    for vectorized in (True, False):  # warm-up
-        run(vectorized, steps=2)
-    vec, seq = [run(True) for _ in range(repeats)], [run(False) for _ in range(repeats)]
+    run(seeds, True, steps=2)  # warm-up
+    run(seeds[:k], False, steps=2)
+    vec, seq = [run(seeds, True) for _ in range(repeats)], [run(seeds[:k], False) for _ in range(repeats)]
     vec_s, seq_s = float(np.median([r.seconds for r in vec])), float(np.median([r.seconds for r in seq]))
-    same = all(np.array_equal(v.returns, s.returns) for v in vec for s in seq)
-    return {"benchmark": "rollouts", "episodes": episodes, "steps": vec[0].steps, "max_steps": max_steps,
-            "repeats": repeats, "vectorized_s": vec_s, "sequential_s": seq_s, "speedup": seq_s / vec_s,
-            "same_returns": same, "beam_width": planner.beam_width, "horizon": planner.horizon, **environment()}
+    same = all(np.array_equal(v.returns[:k], s.returns) for v in vec for s in seq)
+    return {"benchmark": "rollouts", "env_id": env_id, "preset": None if preset is None else _name(preset),
+            "episodes": episodes, "steps": vec[0].steps, "max_steps": max_steps, "repeats": repeats,
+            "vectorized_s": vec_s, "sequential_episodes": k, "sequential_steps": seq[0].steps,
+            "sequential_s": seq_s, "speedup": (seq_s / k) / (vec_s / episodes), "same_returns": same,
+            "beam_width": planner.beam_width, "horizon": planner.horizon,
+            "dtype": str(model.pos_emb.dtype).removeprefix("torch."), **environment(device)}
 
 
-def bench_training(preset: str = "lunarlander", batch_size: int = 64, steps: int = 20,
+def bench_training(preset: str | Preset = "lunarlander", batch_size: int = 64, steps: int = 20,
                    device: str = "cpu") -> dict:
     """Training tokens/s (forward + backward + AdamW) on random windows of the model's length."""
-    p = PRESETS[preset]
+    p = preset_of(preset)
     model, _ = random_model(p, device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -240,8 +280,8 @@ def bench_training(preset: str = "lunarlander", batch_size: int = 64, steps: int
         optimizer.step()
 
     seconds = timed(step, steps, warmup=3)
-    return {"benchmark": "training", "preset": preset, "batch_size": batch_size, "seq_len": T,
-            "tokens_per_s": batch_size * T / seconds, "ms_per_step": 1000 * seconds, **environment()}
+    return {"benchmark": "training", "preset": _name(preset), "batch_size": batch_size, "seq_len": T,
+            "tokens_per_s": batch_size * T / seconds, "ms_per_step": 1000 * seconds, **environment(device)}
 
 
 def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20, checkpoint: str | None = None,

@@ -217,7 +217,10 @@ def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor,
                  cache: str = "fused") -> torch.Tensor:
     """What one decoder computes along given tokens: prefix (E, P), bins (E, n) fed after it -> (E, n, N), the
     logits it gave for each of the n tokens. Fed a plan's own tokens, the cached and the recomputing decoder must
-    agree to rounding: "the cache changes nothing" without a search's near-ties in the way."""
+    agree to rounding: "the cache changes nothing" without a search's near-ties in the way. The logits are on the
+    model's device (a plan's bins come back on the CPU: they are moved there)."""
+    device = model.pos_emb.device
+    prefix, bins = prefix.to(device), bins.to(device)
     was_training = model.training
     model.eval()
     try:

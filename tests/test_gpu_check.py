@@ -1,0 +1,220 @@
+"""tools/gpu-check, kept alive without a GPU: `--device cpu --smoke` runs every part for real at tiny sizes --
+an offline install from a wheel folder, the dataset, the exactness tests, the benchmarks, a notebook -- and its
+report holds what they measured."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from ttlib.tools import NOTEBOOKS, gpu_check, gpu_wheels
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "gpu-check"
+
+
+def make_wheel(folder: Path, name: str, version: str, source: str) -> Path:
+    """A minimal pure-Python wheel (PEP 427) holding one module."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": source,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Dist: tqdm\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for file, text in files.items():
+            wheel.writestr(file, text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One smoke run: a wheel folder with one missing project and one this Python has, a fresh Minari folder."""
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    wheels = tmp / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "ttlib_gpu_check_probe", "1.0", "VALUE = 42\n")
+    make_wheel(wheels, "tqdm", "0.0.1", "")  # tqdm is installed: its wheel must not shadow it
+    (wheels / "manifest.json").write_text(json.dumps({"left_out": {"ray": "too big to carry"}}))
+    env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp / "minari")}
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", "--smoke", "--out", str(tmp / "out"),
+                             "--wheels", str(wheels), "--site", str(tmp / "site")], env=env, capture_output=True,
+                            text=True, timeout=600)
+    report = json.loads((tmp / "out" / "gpu-check.json").read_text())
+    return result, report, tmp, time.monotonic() - start
+
+
+def test_the_smoke_run_passes_every_part_within_its_budget(smoke):
+    result, report, tmp, seconds = smoke
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert report["ok"] is True and report["smoke"] is True
+    assert set(report["parts"]) == set(gpu_check.PARTS)
+    for name, part in report["parts"].items():
+        assert part["status"] == "ok", (name, part)
+        assert 0 < part["seconds"] <= part["limit_s"] + 5, (name, part)
+    assert report["seconds"] <= report["budget_s"] + 10 and seconds < report["budget_s"] + 30
+    log = (tmp / "out" / "gpu-check.log").read_text()
+    for name in gpu_check.PARTS:
+        assert f"] {name} (limit" in log or name == "notebooks"
+    assert "every part ran and every check passed" in result.stdout and "---- notebook" in log
+    assert sorted(os.listdir(tmp / "out")) == ["gpu-check.json", "gpu-check.log"]  # nothing else, nothing half
+
+
+def test_the_install_adds_only_what_this_python_lacks(smoke):
+    _, report, tmp, _ = smoke
+    install = report["parts"]["install"]
+    assert install["installed"] == {"ttlib-gpu-check-probe": "1.0"}
+    assert install["already_present"] == {"tqdm": {"wheel": "0.0.1", "here": metadata.version("tqdm")}}
+    assert install["left_out"] == {"ray": "too big to carry"} and install["unmet_requirements"] == []
+    site = tmp / "site"
+    probe = subprocess.run([sys.executable, "-c", "import ttlib_gpu_check_probe as p; print(p.VALUE)"],
+                           env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
+    assert probe.stdout.strip() == "42", probe.stderr
+    assert not list(site.glob("tqdm*"))
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__ and env["cpu_count"] == os.cpu_count()
+
+
+def test_the_dataset_is_built_where_minari_keeps_them(smoke):
+    _, report, tmp, _ = smoke
+    dataset = report["parts"]["dataset"]
+    assert dataset["built"] is True and dataset["episodes"] == gpu_check.SMOKE_DATASET_EPISODES
+    assert dataset["steps"] > dataset["episodes"]
+    assert (tmp / "minari" / "ttlib" / "lunarlander").is_dir()
+
+
+def test_the_exactness_claims_run_as_the_marked_tests(smoke):
+    _, report, _, _ = smoke
+    exactness = report["parts"]["exactness"]
+    marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                    if "mark.exactness" in p.read_text())
+    assert exactness["files"] == marked and exactness["device"] == "cpu"
+    assert exactness["passed"] == len(exactness["tests"]) and not exactness["failed"] and not exactness["skipped"]
+    names = " ".join(exactness["tests"])
+    for claim in ("test_both_decoders_compute_the_same_logits_along_a_float32_plan",  # the cache: to 1e-4
+                  "test_all_three_decoders_make_the_same_plan_in_float64",  # float64 plans, token for token
+                  "test_vectorized_and_sequential_rollouts_give_the_same_returns"):  # float64 returns
+        assert claim in names
+
+
+def test_planning_is_timed_both_ways_in_both_dtypes(smoke):
+    _, report, _, _ = smoke
+    runs = report["parts"]["planning"]["runs"]
+    assert [(r["dtype"], r["batch"]) for r in runs] == [("float32", 1), ("float32", 2), ("bfloat16", 1),
+                                                        ("bfloat16", 2)]
+    for r in runs:
+        assert r["device"] == "cpu" and r["preset"] == "tiny" and r["ms_per_plan_cached"] > 0
+        assert r["speedup"] == pytest.approx(r["ms_per_plan_uncached"] / r["ms_per_plan_cached"])
+    speedup = report["parts"]["planning"]["bfloat16_speedup"]
+    assert speedup == {str(b): pytest.approx(runs[i]["ms_per_plan_cached"] / runs[i + 2]["ms_per_plan_cached"])
+                       for i, b in enumerate((1, 2))}
+    float32, bfloat16 = runs[0], runs[2]
+    assert float32["max_logit_gap"] < 1e-4 * (1 + float32["max_abs_logit"])  # the float32 tolerance
+    assert bfloat16["max_logit_gap"] > 10 * float32["max_logit_gap"]  # bfloat16 really ran: 8 bits of mantissa
+
+
+def test_training_and_rollouts_report_consistent_figures(smoke):
+    _, report, _, _ = smoke
+    training = report["parts"]["training"]
+    figures = training["device"]
+    assert figures["device"] == "cpu" and "cpu" not in training  # no baseline when the device is the CPU
+    assert figures["tokens_per_s"] == pytest.approx(figures["batch_size"] * figures["seq_len"]
+                                                    / (figures["ms_per_step"] / 1000))
+    rollouts = report["parts"]["rollouts"]
+    assert rollouts["env_id"] == "HalfCheetah-v5" and rollouts["preset"]["obs_dim"] == 17
+    assert rollouts["episodes"] == 3 and rollouts["steps"] == 30  # HalfCheetah never ends early
+    assert rollouts["sequential_episodes"] == 1 and rollouts["sequential_steps"] == 10
+    assert rollouts["speedup"] == pytest.approx(rollouts["sequential_s"] / (rollouts["vectorized_s"] / 3))
+
+
+def test_the_smoke_notebook_ran_with_nbclient(smoke):
+    _, report, _, _ = smoke
+    notebooks = report["parts"]["notebooks"]
+    assert list(notebooks["results"]) == [gpu_check.SMOKE_NOTEBOOK]
+    result = notebooks["results"][gpu_check.SMOKE_NOTEBOOK]
+    assert result["status"] == "passed" and result["cells"] > 10 and result["seconds"] > 1
+
+
+def test_targets_are_read_off_the_report(smoke):
+    """In a smoke run the sizes are not the targets': each target shows what was measured, and no verdict. At the
+    targets' sizes the same report meets or misses them."""
+    _, report, _, _ = smoke
+    rows = {row["key"]: row for row in report["targets"]}
+    runs = report["parts"]["planning"]["runs"]
+    assert rows["plan_ms"]["measured"] == runs[0]["ms_per_plan_cached"]
+    assert rows["cache_speedup"]["measured"] == runs[1]["speedup"]
+    assert rows["rollouts_s"]["measured"] == report["parts"]["rollouts"]["vectorized_s"]
+    assert all(row["applies"] is False and row["met"] is None for row in rows.values())
+
+    full = copy.deepcopy(report)
+    full["parts"]["rollouts"].update(preset="halfcheetah", episodes=25, steps=25_000, vectorized_s=59.0)
+    for run, ms, speedup in zip(full["parts"]["planning"]["runs"][:2], (12.0, 9.0), (1.0, 50.5), strict=True):
+        run.update(preset="halfcheetah", ms_per_plan_cached=ms, speedup=speedup)
+    full["parts"]["planning"]["runs"][1]["batch"] = 25
+    met = {row["key"]: row["met"] for row in gpu_check.targets(full)}
+    assert met == {"rollouts_s": True, "plan_ms": False, "cache_speedup": True}
+
+
+def test_a_notebook_needing_a_package_left_out_is_not_run_rather_than_failed(tmp_path):
+    """A real kernel fails on the import; the status says which package and why it was left out."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("import ttlib_no_such_package.sub")]
+    path = tmp_path / "needs.ipynb"
+    nbformat.write(nb, path)
+    out = tmp_path / "result.json"
+    result = subprocess.run([sys.executable, "-m", "ttlib.tools.gpu_check", "--part", "notebook", "--notebook",
+                             str(path), "--result", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    reported = json.loads(out.read_text())
+    assert reported["outcome"] == "failed" and reported["cell"] == 1 and reported["ename"] == "ModuleNotFoundError"
+    assert reported["missing_module"] == "ttlib_no_such_package"
+    left_out = {"ttlib_no_such_package": "too big"}
+    assert gpu_check.notebook_status(dict(reported, status="ok"), left_out) == \
+        "not run: needs ttlib_no_such_package (too big)"
+    assert gpu_check.notebook_status(dict(reported, status="ok"), {}) == "failed"
+    # ttlib's own words for a missing package count too (distributed.connect when Ray is missing)
+    said = {"outcome": "failed", "status": "ok", "ename": "DistributedError",
+            "evalue": "distributed evaluation needs Ttlib_No_Such_Package, which is not installed: pip install it"}
+    assert gpu_check.notebook_status(dict(said), left_out).startswith("not run: needs ttlib_no_such_package")
+    assert gpu_check.notebook_status(dict(said), {"numpy": "installed here"}) == "failed"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--smoke"], "--out DIR is required"),
+    (["--out", "x", "--notebooks", "99_nothing.ipynb"], "not course notebooks: 99_nothing.ipynb"),
+])
+def test_bad_arguments_give_one_clear_line(args, message):
+    result = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_cuda_without_one_stops_after_the_probe(tmp_path):
+    result = subprocess.run([sys.executable, str(TOOL), "--device", "cuda", "--out", str(tmp_path), "--wheels",
+                             str(tmp_path / "none"), "--site", str(tmp_path / "site")], capture_output=True,
+                            text=True, timeout=300)
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert result.returncode == 1 and report["ok"] is False
+    assert report["parts"]["install"]["status"].startswith("probe failed")
+    assert "PyTorch sees no CUDA device" in (tmp_path / "gpu-check.log").read_text()
+    assert {p["status"] for n, p in report["parts"].items() if n != "install"} == {"not run: the install failed"}
+
+
+def test_the_smoke_notebook_and_the_wheel_lists_are_in_step():
+    """The smoke runs a course notebook; the wheel folder leaves out nothing the course lists as needed."""
+    assert gpu_check.SMOKE_NOTEBOOK in NOTEBOOKS
+    needed = {gpu_wheels.normalize(line.split("[")[0].split(">")[0]) for line in gpu_wheels.course_requirements()}
+    assert not needed & set(gpu_wheels.DROPPED) and "jupyterlab" not in needed
+    assert {"gymnasium", "minari", "ipykernel", "nbclient", "nbformat"} <= needed

@@ -1,0 +1,558 @@
+"""The course on a GPU: one command that checks all of it on a bare, offline GPU machine in a few minutes.
+
+    python3 tools/gpu-check --out DIR                      # on the GPU machine, in the repository root
+    python3 tools/gpu-check --out DIR --device cpu --smoke  # anywhere: tiny sizes, one notebook (the tests run it)
+
+The machine has Python and PyTorch but not Gymnasium, Minari or a Jupyter kernel, and no network: `tools/gpu-wheels`
+fills `.whl/` beforehand, and the folder travels with the checkout. In order, each part in its own process and
+under its own time limit, drawn from one budget (--budget, default 480 s):
+
+    install    the carried wheels of what the machine lacks, into a site folder (pip --no-index: no network);
+               then which device PyTorch sees
+    dataset    `ttlib make-dataset`, if the course dataset is missing
+    exactness  the tests marked `exactness` (docs/RESULTS.md, "What is exact"), on the device
+    planning   one plan at faster-TT's HalfCheetah setting, batch 1 and 25, cached vs recomputed, float32 and
+               bfloat16 (`ttlib bench planning --preset halfcheetah`)
+    training   training tokens/s, on the device and on the CPU
+    rollouts   25 episodes of 1,000 steps in HalfCheetah-v5 with a random model of that preset's shape, vectorized,
+               against one episode played alone
+    notebooks  every notebook of ttlib.tools.NOTEBOOKS in fast mode (TTLIB_FAST=1) with nbclient, several at a time;
+               each picks the device itself, as on Colab
+
+The timed parts run alone, before the notebooks. What a part measured survives its time limit. DIR gets
+gpu-check.json (every figure, every check, and the targets below as met or not) and gpu-check.log (everything the
+parts printed). The exit status is 0 when every part ran and every check and notebook passed; a notebook that
+needs a package gpu-wheels leaves out (Ray) is reported as not run. Targets are measurements: met or not, they
+do not change the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ElementTree
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..files import atomic_path
+from . import NOTEBOOKS
+from .gpu_wheels import normalize, wheel_metadata
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository checkout this module lives in
+DEFAULT_WHEELS = ROOT / ".whl"
+DEFAULT_SITE = Path(tempfile.gettempdir()) / "ttlib-gpu-check-site"  # kept: a second run installs nothing again
+
+# Seconds of the default 480-s budget for each part. A part may use what is left of the budget but half the share
+# of every part after it: time a part does not use goes to the later ones, and a slow part eats into them only
+# so far.
+SHARES = {"install": 35, "dataset": 25, "exactness": 40, "planning": 55, "training": 25, "rollouts": 120,
+          "notebooks": 180}
+SMOKE_SHARES = {"install": 15, "dataset": 10, "exactness": 45, "planning": 20, "training": 15, "rollouts": 20,
+                "notebooks": 0}  # the notebooks run beside the rest, until the budget ends
+PARTS = tuple(SHARES)
+SMOKE_NOTEBOOK = "01_attention.ipynb"  # the cheapest notebook in fast mode (about 20 s on 2 CPU cores)
+SMOKE_DATASET_EPISODES = 12
+ROLLOUT_ENV = "HalfCheetah-v5"
+
+TARGETS = [  # (key, what, comparison, threshold, unit): the issue's targets for one H100
+    ("rollouts_s", "25 x 1,000-step HalfCheetah rollouts, vectorized", "<=", 60.0, "s"),
+    ("plan_ms", "one plan at batch 1 (halfcheetah preset, float32, KV cache)", "<=", 10.0, "ms"),
+    ("cache_speedup", "cached vs recomputed plan at batch 25 (float32)", ">=", 50.0, "x"),
+]
+
+
+# ---- the parts that run in their own process: each returns its figures; save(figures) keeps them so far ------
+def part_probe(args, save) -> dict:
+    """Which device the check runs on, and the versions that matter."""
+    import gymnasium
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = ("cuda" if cuda else "cpu") if args.device == "auto" else args.device
+    if torch.device(device).type == "cuda" and not cuda:
+        raise SystemExit(f"gpu-check: --device {device}, but PyTorch sees no CUDA device")
+    return {"device": device, "device_name": torch.cuda.get_device_name(device) if device != "cpu" else
+            platform.processor() or platform.machine(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "cpu_count": os.cpu_count(), "gymnasium": gymnasium.__version__}
+
+
+def part_dataset(args, save) -> dict:
+    from .. import data
+
+    present = {row["id"]: row for row in data.list_local()}
+    built = data.DEFAULT_DATASET not in present
+    if built:
+        data.build(n_episodes=SMOKE_DATASET_EPISODES if args.smoke else None, progress=False)
+        present = {row["id"]: row for row in data.list_local()}
+    row = present[data.DEFAULT_DATASET]
+    return {"dataset": row["id"], "built": built, "episodes": row["episodes"], "steps": row["steps"]}
+
+
+def part_planning(args, save) -> dict:
+    from .. import bench
+
+    preset = "tiny" if args.smoke else "halfcheetah"
+    runs = []
+    for dtype in ("float32", "bfloat16"):
+        for batch in (1, 2) if args.smoke else (1, 25):
+            runs.append(bench.bench_planning(preset, batch=batch, repeats=1 if args.smoke else 5,
+                                             uncached_repeats=1, device=args.device, dtype=dtype))
+            save({"runs": runs})  # what was measured survives the part's time limit
+    ms = {(r["dtype"], r["batch"]): r["ms_per_plan_cached"] for r in runs}
+    return {"runs": runs, "bfloat16_speedup": {str(b): ms["float32", b] / ms["bfloat16", b] for _, b in ms}}
+
+
+def part_training(args, save) -> dict:
+    from .. import bench
+
+    preset, batch, steps = ("tiny", 8, 3) if args.smoke else ("halfcheetah", 64, 20)
+    out = {"device": bench.bench_training(preset, batch_size=batch, steps=steps, device=args.device)}
+    save(out)
+    if args.device != "cpu":  # the same model on this machine's CPU, for the ratio
+        out["cpu"] = bench.bench_training(preset, batch_size=batch, steps=5, device="cpu")
+        out["speedup_vs_cpu"] = out["device"]["tokens_per_s"] / out["cpu"]["tokens_per_s"]
+    return out
+
+
+def part_rollouts(args, save) -> dict:
+    from dataclasses import replace
+
+    from .. import bench
+
+    preset = replace(bench.PRESETS["tiny"], obs_dim=17, act_dim=6, n_layer=1, horizon=2, context=2) \
+        if args.smoke else "halfcheetah"  # smoke: a tiny model of HalfCheetah's shape
+    episodes, steps = (3, 10) if args.smoke else (25, 1000)
+    return bench.bench_rollouts(episodes=episodes, max_steps=steps, preset=preset, env_id=ROLLOUT_ENV,
+                                device=args.device, sequential_episodes=1, repeats=1)
+
+
+def part_notebook(args, save) -> dict:
+    """Run one notebook with nbclient, in the notebooks folder, as a learner's kernel would."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    path = Path(args.notebook) if os.sep in args.notebook else ROOT / "notebooks" / args.notebook
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:
+        return {"outcome": "failed", **where_it_failed(nb, error)}
+    return {"outcome": "passed", "cells": sum(c.cell_type == "code" for c in nb.cells)}
+
+
+def where_it_failed(nb, error) -> dict:
+    """The failing cell (its index, id, first line) and the error, from an executed notebook."""
+    failure = {"error": type(error).__name__, "message": _plain(str(error))[-1500:]}
+    for index, cell in enumerate(nb.cells):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            failure.update(cell=index, cell_id=cell.get("id"), source=cell.source.splitlines()[:1],
+                           ename=errors[0]["ename"], evalue=_plain(errors[0]["evalue"])[:500])
+            missing = re.match(r"No module named '([\w.]+)'", failure["evalue"])
+            if errors[0]["ename"] == "ModuleNotFoundError" and missing:
+                failure["missing_module"] = missing.group(1).split(".")[0]
+            break
+    return failure
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # tracebacks come coloured
+
+
+PART_FUNCTIONS = {"probe": part_probe, "dataset": part_dataset, "planning": part_planning,
+                  "training": part_training, "rollouts": part_rollouts, "notebook": part_notebook}
+
+
+def run_part_here(args) -> int:
+    """`--part NAME --result FILE`: run one part in this process and write what it returns (or has saved so far)."""
+    def save(result):
+        with atomic_path(args.result) as tmp:
+            Path(tmp).write_text(json.dumps(result))
+
+    save(PART_FUNCTIONS[args.part](args, save))
+    return 0
+
+
+# ---- the orchestrator ----------------------------------------------------------------------------------------
+class Run:
+    """One check: the log, the report and the time left."""
+
+    def __init__(self, args):
+        self.args, self.started = args, time.monotonic()
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_path, self.json_path = self.out / "gpu-check.log", self.out / "gpu-check.json"
+        self.log = open(self.log_path, "w", buffering=1)
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        self.lock = threading.Lock()
+        self.report = {"tool": "gpu-check", "smoke": args.smoke, "budget_s": args.budget,
+                       "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "parts": {}}
+
+    def left(self) -> float:
+        return self.args.budget - (time.monotonic() - self.started)
+
+    def limit(self, part: str, parts_left: list[str]) -> float:
+        """What is left, less half the share of every part after this one (parts_left: this one, then those)."""
+        shares = SMOKE_SHARES if self.args.smoke else SHARES
+        scale = self.args.budget / sum(shares.values())
+        return max(1.0, self.left() - sum(shares[p] * scale / 2 for p in parts_left[1:]))
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.log.write(line + "\n")
+
+    def record(self, part: str, result: dict) -> None:
+        with self.lock:  # (a smoke run's notebooks record from their own thread)
+            self.report["parts"][part] = result
+            self.report["seconds"] = round(time.monotonic() - self.started, 1)
+            with atomic_path(str(self.json_path)) as tmp:
+                Path(tmp).write_text(json.dumps(self.report, indent=1) + "\n")
+
+    def subprocess(self, command: list[str], limit: float, env: dict | None = None, log=None) -> tuple[int, float]:
+        """Run `command` in the repository root, its output into the log; kill it and everything it started
+        (kernels included) at `limit` seconds. -> (exit status, or None if killed; seconds)."""
+        start = time.monotonic()
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log or self.log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
+        try:
+            code = process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            process.wait()
+            code = None
+        return code, time.monotonic() - start
+
+    def part(self, name: str, limit: float, extra: list[str] = (), env: dict | None = None, log=None) -> dict:
+        """Run one of PART_FUNCTIONS in its own process: -> what it returned or saved, and how it went."""
+        result_file = self.scratch / f"{name}-{uuid.uuid4().hex}.json"
+        command = [sys.executable, "-m", "ttlib.tools.gpu_check", "--part", name, "--result", str(result_file),
+                   "--device", self.args.device, *(["--smoke"] if self.args.smoke else []), *extra]
+        code, seconds = self.subprocess(command, limit, env, log)
+        result = json.loads(result_file.read_text()) if result_file.exists() else {}
+        status = "ok" if code == 0 else "timed out" if code is None else f"failed (exit status {code})"
+        return {"status": status, "seconds": round(seconds, 1), "limit_s": round(limit, 1), **result}
+
+
+def kill_tree(pid: int) -> None:
+    """End a process and all its descendants (a notebook's kernel runs in a session of its own)."""
+    try:
+        import psutil
+
+        processes = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+        for process in processes:
+            process.kill()
+    except ImportError:
+        os.killpg(pid, 9)
+    except Exception:  # psutil.NoSuchProcess: it ended meanwhile
+        pass
+
+
+def install(run: Run, limit: float) -> dict:
+    """Install the wheels of the projects this Python lacks into the site folder, with no index and no network;
+    a project it already has (the image's, or installed by an earlier run) keeps its version."""
+    from importlib import metadata
+
+    site, start = Path(run.args.site), time.monotonic()
+    site.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]).strip(
+        os.pathsep)  # for every process started from here on, notebook kernels included
+    wheels = sorted(p for folder in run.args.wheels for p in Path(folder).glob("*.whl"))
+    left_out = {}
+    for folder in run.args.wheels:
+        manifest = Path(folder) / "manifest.json"
+        if manifest.exists():
+            left_out.update(json.loads(manifest.read_text()).get("left_out", {}))
+    missing, present = [], {}
+    for wheel in wheels:
+        name, version, _ = wheel_metadata(wheel)
+        try:
+            present[name] = {"wheel": version, "here": metadata.version(name)}
+        except metadata.PackageNotFoundError:
+            missing.append(wheel)
+    result = {"wheels": len(wheels), "wheel_folders": [str(f) for f in run.args.wheels], "site": str(site),
+              "already_present": present, "left_out": left_out}
+    if missing:
+        code, _ = run.subprocess([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                                  "--no-compile", "--no-cache-dir", "--disable-pip-version-check", "--upgrade",
+                                  "--target", str(site), *map(str, missing)], limit)
+        if code != 0:
+            return {**result, "status": "timed out" if code is None else f"failed (pip exit status {code})",
+                    "seconds": round(time.monotonic() - start, 1), "limit_s": round(limit, 1)}
+    result["installed"] = {wheel_metadata(w)[0]: wheel_metadata(w)[1] for w in missing}
+    importlib.invalidate_caches()
+    result["unmet_requirements"] = unmet_requirements(wheels)
+    probe = run.part("probe", max(1.0, limit - (time.monotonic() - start)))
+    if probe["status"] != "ok":
+        return {**result, "status": f"probe {probe['status']}", "seconds": round(time.monotonic() - start, 1),
+                "limit_s": round(limit, 1)}
+    run.report["environment"] = {k: v for k, v in probe.items() if k not in ("status", "seconds", "limit_s")}
+    return {**result, "status": "ok", "seconds": round(time.monotonic() - start, 1), "limit_s": round(limit, 1)}
+
+
+def unmet_requirements(wheels) -> list[str]:
+    """What the carried wheels require of this Python that its installed versions do not satisfy."""
+    from importlib import metadata
+
+    from .gpu_wheels import needed, target_environment
+
+    unmet, environment = [], target_environment(platform.python_version())
+    for wheel in wheels:
+        name, _, requires = wheel_metadata(wheel)
+        for requirement in needed(requires, environment):
+            try:
+                version = metadata.version(requirement.name)
+            except metadata.PackageNotFoundError:
+                if normalize(requirement.name) not in _dropped():
+                    unmet.append(f"{name} needs {requirement}: not installed")
+                continue
+            if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
+                unmet.append(f"{name} needs {requirement}: {version} is installed")
+    return sorted(set(unmet))
+
+
+def _dropped() -> set[str]:
+    from .gpu_wheels import DROPPED, LEFT_OUT
+
+    return {*DROPPED, *LEFT_OUT}
+
+
+def exactness(run: Run, limit: float) -> dict:
+    """The tests marked `exactness`, on the device: the claims of docs/RESULTS.md's "What is exact"."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if "mark.exactness" in p.read_text())
+    junit = run.scratch / "exactness.xml"
+    code, seconds = run.subprocess([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                                    "exactness", f"--junitxml={junit}", *files], limit,
+                                   env={"TTLIB_TEST_DEVICE": run.args.device,
+                                        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # none needed; they cost seconds
+    tests, failed, skipped = [], [], []
+    if junit.exists():
+        for case in ElementTree.parse(junit).iter("testcase"):
+            name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+            tests.append(name)
+            for problem in (*case.iter("failure"), *case.iter("error")):
+                failed.append(f"{name}: {(problem.get('message') or '').splitlines()[0][:300]}")
+            skipped += [name for _ in case.iter("skipped")]
+    ok = code == 0 and tests and not failed and not skipped
+    return {"status": "ok" if ok else "timed out" if code is None else "failed", "seconds": round(seconds, 1),
+            "limit_s": round(limit, 1), "device": run.args.device, "files": files, "tests": tests,
+            "passed": len(tests) - len(failed) - len(skipped), "failed": failed, "skipped": skipped}
+
+
+def notebook_status(result: dict, left_out: dict) -> str:
+    """A notebook's status from what its process reported: passed, failed, timed out, or not run because it
+    needs a package the wheels leave out on purpose (`left_out`, from their manifest.json): one that is not
+    installed here, and that its error names -- as a missing module, or as "X ... not installed" (ttlib's own
+    message when Ray is missing)."""
+    outcome = result.pop("outcome", None)  # the notebook's; "status" is its process's
+    for package, why in left_out.items():
+        named = result.get("missing_module") == package or re.search(
+            rf"\b{re.escape(package)}\b[^.]*\bnot installed", result.get("evalue", ""), re.IGNORECASE)
+        if outcome == "failed" and named and importlib.util.find_spec(package) is None:
+            return f"not run: needs {package} ({why})"
+    return outcome or result["status"]
+
+
+def notebooks(run: Run, limit: float) -> dict:
+    """Every notebook at once, `--jobs` at a time, each in its own process with its own kernel."""
+    names, deadline = run.args.notebooks, time.monotonic() + limit
+    jobs = max(1, min(len(names), run.args.jobs))
+    threads = "1" if run.args.smoke else str(max(1, (os.cpu_count() or 1) // jobs))
+    left_out = run.report["parts"].get("install", {}).get("left_out", {})
+    lock, results = threading.Lock(), {}
+
+    def one(name):
+        remaining = deadline - time.monotonic()
+        if remaining < 1:
+            return name, {"status": "not run: out of time"}
+        with tempfile.TemporaryFile("w+") as output:
+            env = {"TTLIB_FAST": "1", "OMP_NUM_THREADS": threads,
+                   **({"CUDA_VISIBLE_DEVICES": ""} if run.args.device == "cpu" else {})}  # the notebooks pick it
+            result = run.part("notebook", remaining, ["--notebook", name, "--cell-timeout", str(int(remaining))],
+                              env=env, log=output)
+            output.seek(0)
+            with lock:
+                run.log.write(f"---- notebook {name}: {result.get('status')} ----\n{output.read()}")
+        result["status"] = notebook_status(result, left_out)
+        return name, result
+
+    with ThreadPoolExecutor(jobs) as pool:
+        for name, result in pool.map(one, names):
+            results[name] = result
+            run.say(f"  notebook {name}: {result['status']} ({result.get('seconds', 0):.0f} s)")
+    fine = [n for n, r in results.items() if r["status"] == "passed" or r["status"].startswith("not run: needs")]
+    return {"status": "ok" if len(fine) == len(results) else "failed", "limit_s": round(limit, 1),
+            "seconds": round(limit - (deadline - time.monotonic()), 1), "jobs": jobs,
+            "threads_per_kernel": int(threads), "results": results}
+
+
+def targets(report: dict) -> list[dict]:
+    """The issue's targets, each with what was measured, at which sizes, and met or not (None where the sizes
+    are not the target's, as in a smoke run, or nothing was measured)."""
+    parts = report["parts"]
+    rollouts = parts.get("rollouts", {})
+    runs = [r for r in parts.get("planning", {}).get("runs", []) if r["dtype"] == "float32"]
+    one = next((r for r in runs if r["batch"] == 1), None)
+    widest = max(runs, key=lambda r: r["batch"], default=None)
+    measured = {
+        "rollouts_s": (rollouts.get("vectorized_s"), {k: rollouts.get(k) for k in ("env_id", "episodes", "steps")},
+                       rollouts.get("preset") == "halfcheetah" and rollouts.get("episodes") == 25
+                       and rollouts.get("steps") == 25_000),
+        "plan_ms": (one and one["ms_per_plan_cached"], one and {"preset": one["preset"], "batch": 1},
+                    bool(one) and one["preset"] == "halfcheetah"),
+        "cache_speedup": (widest and widest["speedup"], widest and {"preset": widest["preset"],
+                                                                    "batch": widest["batch"]},
+                          bool(widest) and widest["preset"] == "halfcheetah" and widest["batch"] == 25),
+    }
+    rows = []
+    for key, what, comparison, threshold, unit in TARGETS:
+        value, at, applies = measured[key]
+        met = None
+        if applies and value is not None:
+            met = value <= threshold if comparison == "<=" else value >= threshold
+        rows.append({"target": what, "key": key, "threshold": f"{comparison} {threshold:g} {unit}", "unit": unit,
+                     "measured": value, "at": at, "applies": bool(applies), "met": met})
+    return rows
+
+
+def summary(report: dict) -> list[str]:
+    """The report in a few lines: each part, the figures that matter, the targets."""
+    env = report.get("environment", {})
+    lines = [f"gpu-check{' --smoke' if report['smoke'] else ''}: {env.get('device', '?')} ({env.get('device_name')}),"
+             f" torch {env.get('torch')}, Python {env.get('python')}; {report.get('seconds')} s of a "
+             f"{report['budget_s']:g}-s budget"]
+    for name, part in report["parts"].items():
+        lines.append(f"  {name:10s} {part['status']:10s} {part.get('seconds', 0):6.1f} s  {_figures(name, part)}")
+    for row in report.get("targets", []):
+        verdict = {True: "MET", False: "NOT MET", None: "n/a"}[row["met"]]
+        value = "not measured" if row["measured"] is None else f"{row['measured']:.3g} {row['unit']}"
+        lines.append(f"  target {verdict:8s} {row['target']} {row['threshold']}: {value}"
+                     + ("" if row["applies"] else f" (at {row['at']}, not the target's sizes)"))
+    lines.append("gpu-check: " + ("every part ran and every check passed" if report.get("ok") else "FAILED"))
+    return lines
+
+
+def _figures(name: str, part: dict) -> str:
+    if name == "install":
+        return (f"{len(part.get('installed', {}))} installed, {len(part.get('already_present', {}))} already there"
+                + (f"; unmet: {part['unmet_requirements']}" if part.get("unmet_requirements") else ""))
+    if name == "dataset":
+        return f"{part.get('dataset')}: {part.get('episodes')} episodes" + (" (built)" if part.get("built") else "")
+    if name == "exactness":
+        return (f"{part.get('passed')} of {len(part.get('tests', []))} tests passed on {part.get('device')}"
+                + (f"; failed: {part['failed']}" if part.get("failed") else ""))
+    if name == "planning":
+        return "; ".join(f"{r['dtype']} batch {r['batch']}: {r['ms_per_plan_cached']:.1f} ms cached, "
+                         f"{r['speedup']:.0f}x the recomputing decoder" for r in part.get("runs", []))
+    if name == "training" and "device" in part:
+        ratio = f", {part['speedup_vs_cpu']:.1f}x the CPU" if "speedup_vs_cpu" in part else ""
+        return f"{part['device']['tokens_per_s']:,.0f} tokens/s{ratio}"
+    if name == "rollouts" and "vectorized_s" in part:
+        return (f"{part['episodes']} x {part['max_steps']} steps: {part['vectorized_s']:.1f} s vectorized; one "
+                f"episode alone {part['sequential_s']:.1f} s ({part['speedup']:.1f}x)")
+    if name == "notebooks":
+        outcomes = [r["status"] for r in part.get("results", {}).values()]
+        return ", ".join(f"{outcomes.count(s)} {s}" for s in dict.fromkeys(outcomes))
+    return ""
+
+
+def check(args) -> int:
+    """Every part in turn, each under its share of the budget, then the targets and the summary. A smoke run
+    times nothing that matters, so there the notebooks run beside the other parts instead of after them."""
+    run = Run(args)
+    if args.smoke:  # parts and the notebook share the cores: one thread each, or OpenMP threads spin-wait on each other
+        os.environ["OMP_NUM_THREADS"] = "1"
+    run.say(f"gpu-check: {ROOT}, budget {args.budget:g} s, parts {', '.join(args.parts)}, log {run.log_path}")
+    parts = [p for p in PARTS if p in args.parts]
+    beside = args.smoke and "notebooks" in parts
+    timed = [p for p in parts if not (beside and p == "notebooks")]
+    background, stopped = None, None
+    for i, name in enumerate(timed):
+        if stopped or run.left() < 1:
+            run.record(name, {"status": f"not run: {stopped or 'out of budget'}"})
+            continue
+        limit = run.limit(name, timed[i:])
+        run.say(f"[{args.budget - run.left():5.0f} s] {name} (limit {limit:.0f} s)")
+        special = {"install": install, "exactness": exactness, "notebooks": notebooks}
+        result = special[name](run, limit) if name in special else run.part(name, limit)
+        run.record(name, result)
+        run.say(f"  {name}: {result['status']} in {result.get('seconds', 0):.1f} s {_figures(name, result)}")
+        if name == "install" and result["status"] != "ok":
+            stopped = "the install failed"
+        elif name == "install":
+            args.device = run.report["environment"]["device"]
+            if beside:  # from now on, beside the rest
+                background = threading.Thread(target=lambda: run.record("notebooks", notebooks(run, run.left())))
+                background.start()
+    if background:
+        background.join()
+    elif beside:
+        run.record("notebooks", {"status": f"not run: {stopped}"})
+    run.report["targets"] = targets(run.report)
+    run.report["ok"] = all(part["status"] == "ok" for part in run.report["parts"].values())
+    run.record("install", run.report["parts"]["install"])  # the report, now with its targets
+    for line in summary(run.report):
+        run.say(line)
+    run.log.close()
+    return 0 if run.report["ok"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="the folder for gpu-check.json and gpu-check.log")
+    parser.add_argument("--device", default="auto", help="auto (cuda if PyTorch sees one, else cpu), cuda or cpu")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny sizes and one notebook ({SMOKE_NOTEBOOK}): "
+                        "checks that every part runs; measures nothing worth keeping")
+    parser.add_argument("--budget", type=float, help="seconds for the whole check (default 480; smoke 300)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="run only these (the install always runs)")
+    parser.add_argument("--notebooks", nargs="+", help="these notebooks of ttlib.tools.NOTEBOOKS (default: all; "
+                        f"smoke: {SMOKE_NOTEBOOK})")
+    parser.add_argument("--jobs", type=int, help="notebooks run at a time (default: half the CPU cores)")
+    parser.add_argument("--wheels", nargs="+", default=[str(DEFAULT_WHEELS)], help="wheel folders (default .whl)")
+    parser.add_argument("--site", default=str(DEFAULT_SITE), help=f"where wheels are installed ({DEFAULT_SITE})")
+    # one part in this process (what the orchestrator starts)
+    parser.add_argument("--part", choices=PART_FUNCTIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--notebook", help=argparse.SUPPRESS)
+    parser.add_argument("--cell-timeout", type=int, default=600, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.part:
+        return run_part_here(args)
+    if not args.out:
+        parser.error("--out DIR is required: where gpu-check.json and gpu-check.log go")
+    if args.smoke and SMOKE_NOTEBOOK not in NOTEBOOKS:
+        parser.error(f"the smoke notebook {SMOKE_NOTEBOOK} is not in ttlib.tools.NOTEBOOKS: update SMOKE_NOTEBOOK")
+    args.notebooks = args.notebooks or ([SMOKE_NOTEBOOK] if args.smoke else list(NOTEBOOKS))
+    unknown = [n for n in args.notebooks if n not in NOTEBOOKS]
+    if unknown:
+        parser.error(f"not course notebooks: {', '.join(unknown)} (ttlib.tools.NOTEBOOKS lists them)")
+    args.budget = args.budget or (300.0 if args.smoke else 480.0)
+    args.jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
+    args.parts = ["install", *args.parts] if "install" not in args.parts else args.parts
+    return check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
