@@ -32,6 +32,8 @@ def test_make_dataset_and_list(minari_root):
     (["evaluate", "--checkpoint", "no/such/file.pt"], "no checkpoint at no/such/file.pt"),
     (["evaluate", "--beam-width", "0", "--episodes", "1"], "beam_width must be >= 1"),
     (["bench", "planning", "--preset", "tiny", "--repeats", "0"], "repeats"),
+    (["bench", "planning", "--preset", "tiny", "--repeats", "1", "--uncached-repeats", "0", "--faster-tt",
+      "no/such/dir"], "no faster-TT checkout at no/such/dir"),
 ])
 def test_bad_input_gives_one_clear_line(args, message, minari_root):
     result = ttlib(*args)
@@ -45,9 +47,15 @@ def test_bench_planning_json_has_the_promised_keys():
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     for key in ("ms_per_plan_cached", "ms_per_plan_uncached", "gflop_per_plan", "gflops_achieved", "batch",
-                "beam_width", "horizon", "context", "sample_expand", "device", "torch_threads"):
+                "beam_width", "horizon", "context", "sample_expand", "device", "torch_threads", "cpu", "load_1min"):
         assert key in out
     assert 0 <= out["max_logit_gap"] < 1e-3 and out["ms_per_plan_cached"] > 0 and out["device"] == "cpu"
+    # the floor: the plan's FLOPs at the machine's matmul rate; each timed plan is one ratio to it
+    assert out["matmul_gflops"] > 0
+    assert out["floor_ms"] == pytest.approx(out["gflop_per_plan"] / out["matmul_gflops"] * 1000)
+    over, share = out["plan_over_floor"], out["share_of_matmul_rate"]
+    assert over["n"] == share["n"] == 2 and over["min"] <= over["median"] <= over["max"]
+    assert share["max"] == pytest.approx(1 / over["min"]) and share["min"] == pytest.approx(1 / over["max"])
     p = PRESETS["tiny"]  # the figure is the count test_planning checks in closed form, for this preset
     planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
                             sample_expand=p.sample_expand)
@@ -58,7 +66,9 @@ def test_bench_profile_splits_the_time_of_a_plan():
     result = ttlib("bench", "profile", "--preset", "tiny", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert abs(sum(out["time_shares"].values()) - 1) < 0.01 and out["time_shares"]["matmul"] > 0
+    shares = out["time_shares"]
+    assert abs(sum(shares.values()) - 1) < 0.01
+    assert shares["matmul: linear layers and heads"] > 0 and shares["matmul: attention (scores, weighted values)"] > 0
     assert out["aten_ops_per_plan"] > 100 and out["op_time_ms"] > 0
 
 

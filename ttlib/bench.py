@@ -1,7 +1,9 @@
 """Benchmarks: every speed claim of the course is measured here, side by side in one run, as ratios.
 
     ttlib bench decoding                  cached vs recompute decoding, tokens/s, at a sequence of 250
-    ttlib bench planning --batch 1        cached vs uncached beam search, ms per plan, GFLOP/s achieved
+    ttlib bench planning --batch 1        cached vs uncached beam search, ms per plan, GFLOP/s achieved, and how
+                                          far from the machine's float32 FLOP floor (--faster-tt DIR: side by side
+                                          with faster-TT's batch_beam_plan from a checkout of it)
     ttlib bench rollouts                  vectorized vs sequential evaluation of the same episodes
     ttlib bench profile                   where a cached plan's time goes, by kind of operation
     ttlib bench training                  training tokens/s
@@ -9,13 +11,23 @@
 
 Timings are medians of several runs after warm-up. Costs do not depend on the weights, so the presets use
 random weights; the rollout benchmark uses the shipped checkpoint on the course environment.
+
+The FLOP floor: a plan's matmul FLOPs (`plan_flops`) divided by the rate at which this machine multiplies two
+large float32 matrices (`matmul_rate`), the fastest any implementation could go. The planning benchmark times a
+plan and that product alternately and reports their ratio, so that a busy machine slows both alike; the
+figure travels across CPUs where an absolute time does not.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
+import sys
 import time
+import types
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,22 +86,41 @@ def random_model(preset: str | Preset, device="cpu", dtype=torch.float32, seed=0
     return model, tokenizer
 
 
+def seconds(fn) -> float:
+    """Wall-clock seconds of one fn() call, the GPU's queue included."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
 def timed(fn, repeats: int, warmup: int = 1) -> float:
     """Median wall-clock seconds of fn() over `repeats` runs after `warmup` runs."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(seconds(fn) for _ in range(repeats))
+
+
+def spread(values) -> dict:
+    """The median of repeated measurements and their range."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def cpu_model() -> str:
+    """The CPU's model name as lscpu gives it ("AMD EPYC", "Intel(R) Xeon(R) ..."): speed figures name it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _name(preset: str | Preset):
@@ -98,11 +129,25 @@ def _name(preset: str | Preset):
 
 
 def environment(device: str = "cpu") -> dict:
-    """Where a benchmark ran: the device it was given (its name, for a GPU), threads, PyTorch."""
+    """Where a benchmark ran: the device it was given (its name, for a GPU), the CPU's model and vector
+    instructions, torch's threads and version, and the load (runnable processes: above the cores, timings wait)."""
     device = torch.device(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"device": device.type, "device_name": name, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__}
+    out = {"device": device.type, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+           "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_model()}
+    if hasattr(torch.backends.cpu, "get_cpu_capability"):
+        out["cpu_isa"] = torch.backends.cpu.get_cpu_capability()  # the vector instructions PyTorch uses: AVX2, AVX512
+    if hasattr(os, "getloadavg"):
+        out["load_1min"] = round(os.getloadavg()[0], 2)
+    out["cpu_cores"] = os.cpu_count()
+    return out
+
+
+def matmul_rate(device="cpu", dtype=torch.float32, n: int = 2048) -> float:
+    """GFLOP/s of one product of two n x n matrices: how fast this machine multiplies large matrices, the rate no
+    implementation of the planner can beat."""
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    torch.mm(a, b)  # warm-up: the library picks its kernel, the pages are touched
+    return 2 * n**3 / seconds(lambda: torch.mm(a, b)) / 1e9
 
 
 # ---- FLOP counting ------------------------------------------------------------------------------------------
@@ -157,9 +202,14 @@ def bench_decoding(preset: str | Preset = "halfcheetah", length: int | None = No
 
 
 def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats: int = 5,
-                   uncached_repeats: int = 1, device: str = "cpu", dtype: str = "float32") -> dict:
-    """ms per beam_plan call (batch environments at once), cached and uncached, and GFLOP/s achieved; and the
-    largest difference of the two decoders' logits along the cached plan, beside the largest logit."""
+                   uncached_repeats: int = 1, device: str = "cpu", dtype: str = "float32", faster_tt: str | None = None,
+                   faster_tt_repeats: int = 1) -> dict:
+    """ms per beam_plan call (batch environments at once), cached and uncached, GFLOP/s achieved, and the ratio
+    to the FLOP floor: each timed plan is followed by a float32 product of two 2048 x 2048 matrices, and the plan's
+    time over `plan_flops / that rate` is one measurement of `plan_over_floor` (median and range reported;
+    `share_of_matmul_rate` is its inverse); the largest difference of the two decoders' logits along the cached plan,
+    beside the largest logit. faster_tt: a checkout of faster-TT, whose batch_beam_plan is then timed alternately
+    with ours on a model of the same shape, `faster_tt_repeats` times."""
     p = preset_of(preset)
     model, tokenizer = random_model(p, device, getattr(torch, dtype))
     planner = planner_for(p)
@@ -168,24 +218,83 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
     keys = torch.arange(batch)
     buffers = BufferPool()  # kept from one plan to the next, as a rollout keeps them
 
-    def run(use_cache):
+    def run(use_cache=True):
         planner.use_cache = use_cache
         return beam_plan(model, tokenizer, prefix, keys, planner, buffers)
 
-    t_cached = timed(lambda: run(True), repeats, warmup=2)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    environment_before = environment(device)
+    flops = plan_flops(model.config, planner, batch)
+    run(), run()  # warm-up
+    times, rates = [], []
+    for _ in range(repeats):  # a plan, then the yardstick: load that comes and goes slows both
+        times.append(seconds(run))
+        rates.append(matmul_rate(device))
+    over_floor = [t / (flops / (rate * 1e9)) for t, rate in zip(times, rates, strict=True)]
+    t_cached = statistics.median(times)
     t_uncached = timed(lambda: run(False), uncached_repeats, warmup=0) if uncached_repeats > 0 else float("nan")
-    plan = run(True)  # the decoders on the same tokens (the cached plan's): their largest logit difference
+    plan = run()  # the decoders on the same tokens (the cached plan's): their largest logit difference
     recomputed = logits_along(model, prefix, plan.bins, False)
     logit_gap = float((logits_along(model, prefix, plan.bins, True) - recomputed).abs().max())
-    flops = plan_flops(model.config, planner, batch)
-    return {"benchmark": "planning", "preset": _name(preset), "batch": batch, "beam_width": p.beam_width,
-            "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
-            "seq_len": model.config.block_size + 1, "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim,
-                                                                                     p.horizon),
-            "ms_per_plan_cached": 1000 * t_cached, "ms_per_plan_uncached": 1000 * t_uncached,
-            "speedup": t_uncached / t_cached, "max_logit_gap": logit_gap,
-            "max_abs_logit": float(recomputed.abs().max()), "gflop_per_plan": flops / 1e9,
-            "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype, **environment(device)}
+    out = {"benchmark": "planning", "preset": _name(preset), "batch": batch, "beam_width": p.beam_width,
+           "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
+           "seq_len": model.config.block_size + 1, "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim,
+                                                                                    p.horizon),
+           "ms_per_plan_cached": 1000 * t_cached, "ms_per_plan_uncached": 1000 * t_uncached,
+           "speedup": t_uncached / t_cached, "max_logit_gap": logit_gap,
+           "max_abs_logit": float(recomputed.abs().max()), "gflop_per_plan": flops / 1e9,
+           "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype,
+           "matmul_gflops": statistics.median(rates), "floor_ms": 1000 * flops / (statistics.median(rates) * 1e9),
+           "plan_over_floor": spread(over_floor), "share_of_matmul_rate": spread([1 / r for r in over_floor])}
+    if faster_tt:
+        theirs = faster_tt_planner(faster_tt, p, batch, device)
+        faster_tt_planner(faster_tt, p, 1, device)()  # warm-up, on one environment
+        pairs = [(seconds(theirs), seconds(run)) for _ in range(faster_tt_repeats)]
+        out["faster_tt_ms_per_plan"] = spread([1000 * theirs_s for theirs_s, _ in pairs])
+        out["speedup_vs_faster_tt"] = spread([theirs_s / ours_s for theirs_s, ours_s in pairs])
+    environment_after = environment(device)
+    return {**out, **environment_after, "load_1min": [environment_before.get("load_1min"),
+                                                      environment_after.get("load_1min")]}
+
+
+def faster_tt_planner(checkout: str, preset: Preset, batch: int, device="cpu"):
+    """faster-TT's `batch_beam_plan` (github.com/Howuhh/faster-trajectory-transformer) on a randomly initialised
+    model of the preset's shape, imported from a checkout of it: returns plan(), one call for `batch` random
+    contexts with faster-TT's evaluation settings (top-k off, greedy observations). Nothing of it is copied here.
+
+    Its package `trajectory.models.gpt` also imports its trainer (wandb, gym), which planning does not use: the
+    package is registered without running that file, and its modules are imported one by one."""
+    import importlib
+
+    root = Path(checkout).resolve()
+    if not (root / "trajectory" / "planning" / "beam.py").is_file():
+        raise ValueError(f"no faster-TT checkout at {checkout} (trajectory/planning/beam.py is missing): clone "
+                         "github.com/Howuhh/faster-trajectory-transformer there")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if "trajectory.models.gpt" not in sys.modules:
+        package = types.ModuleType("trajectory.models.gpt")
+        package.__path__ = [str(root / "trajectory" / "models" / "gpt")]
+        sys.modules["trajectory.models.gpt"] = package
+    GPT = importlib.import_module("trajectory.models.gpt.gpt").GPT
+    beam = importlib.import_module("trajectory.planning.beam")
+    beam.trange = lambda n, **kwargs: range(n)  # no progress bar per plan
+    Discretizer = importlib.import_module("trajectory.utils.discretization").KBinsDiscretizer
+
+    torch.manual_seed(0)
+    td = preset.obs_dim + preset.act_dim + 2
+    model = GPT(vocab_size=preset.n_bins, transition_dim=td, observation_dim=preset.obs_dim,
+                action_dim=preset.act_dim, seq_len=preset.n_transitions * td, embedding_dim=preset.n_embd,
+                num_layers=preset.n_layer, num_heads=preset.n_head, use_sep_heads=True).to(device).eval()
+    discretizer = Discretizer(np.random.default_rng(0).normal(size=(2000, td)), preset.n_bins, "uniform")
+    discretizer.to(device)
+    context = torch.randint(0, preset.n_bins, (batch, (preset.context - 1) * td + preset.obs_dim), device=device)
+
+    def plan():
+        return beam.batch_beam_plan(model, discretizer, context, steps=preset.horizon, beam_width=preset.beam_width,
+                                    sample_expand=preset.sample_expand, discount=0.99, context_size=preset.context)
+    return plan
 
 
 def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, device: str = "cpu") -> dict:
@@ -199,9 +308,11 @@ def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, devic
                            device=device)
     buffers = BufferPool()
     beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers)  # warm-up
+    plan_s = seconds(lambda: beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers)
-    kinds = {"matmul": ("addmm", "bmm", "baddbmm", "baddbmm_", "mm"),
+    kinds = {"matmul: linear layers and heads": ("addmm", "mm"),
+             "matmul: attention (scores, weighted values)": ("bmm", "baddbmm", "baddbmm_"),
              "softmax, gelu, layer norm": ("_softmax", "gelu", "native_layer_norm"),
              "copies (cache writes, beam selection, cat)": ("copy_", "index_select", "cat", "index")}
     shares = dict.fromkeys([*kinds, "everything else (small ops, views, Python)"], 0.0)
@@ -212,7 +323,8 @@ def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, devic
         shares[kind] += e.self_cpu_time_total / total
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
     return {"benchmark": "planning-profile", "preset": _name(preset), "batch": batch, "aten_ops_per_plan": ops,
-            "op_time_ms": total / 1000, "time_shares": {k: round(v, 3) for k, v in shares.items()},
+            "op_time_ms": total / 1000, "plan_ms_unprofiled": 1000 * plan_s,  # (the profiler's own cost shows)
+            "time_shares": {k: round(v, 3) for k, v in shares.items()},
             **environment(device)}
 
 

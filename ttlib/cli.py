@@ -269,7 +269,8 @@ def _cmd_bench(args):
         out = bench.bench_decoding(args.preset, batch=args.batch, device=args.device, **repeats)
     elif args.which == "planning":
         out = bench.bench_planning(args.preset, batch=args.batch, uncached_repeats=args.uncached_repeats,
-                                   device=args.device, dtype=args.dtype, **repeats)
+                                   device=args.device, dtype=args.dtype, faster_tt=args.faster_tt,
+                                   faster_tt_repeats=args.faster_tt_repeats, **repeats)
     elif args.which == "profile":
         out = bench.profile_planning(args.preset, batch=args.batch, device=args.device)
     elif args.which == "rollouts":
@@ -281,9 +282,17 @@ def _cmd_bench(args):
                                    device=args.device)
     if args.json:
         print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
+        return
+    for k, v in out.items():
+        if isinstance(v, dict) and "median" in v:  # repeated measurements: median (range)
+            v = f"{v['median']:.3g} ({v['min']:.3g}-{v['max']:.3g}, {v['n']} runs)"
+        print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
+    if args.which == "planning":
+        print(f"\none plan takes {out['plan_over_floor']['median']:.2f}x the float32 FLOP floor of this machine "
+              f"({out['gflop_per_plan']:.2f} GFLOP at {out['matmul_gflops']:.0f} GFLOP/s = {out['floor_ms']:.0f} ms): "
+              f"{out['share_of_matmul_rate']['median']:.0%} of its matmul rate")
+        if "speedup_vs_faster_tt" in out:
+            print(f"{out['speedup_vs_faster_tt']['median']:.1f}x faster than faster-TT's batch_beam_plan, side by side")
 
 
 def _cmd_grade(args):
@@ -430,6 +439,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="distributed: Ray worker counts")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--faster-tt", default=None, metavar="DIR", help="planning: also time faster-TT's "
+                   "batch_beam_plan, from a checkout of github.com/Howuhh/faster-trajectory-transformer in DIR")
+    p.add_argument("--faster-tt-repeats", type=int, default=1, help="planning: faster-TT plans timed (each "
+                   "beside one of ours)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_bench)
 
