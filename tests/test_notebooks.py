@@ -152,7 +152,8 @@ def test_exercises_are_nbgrader_ready(name):
         meta = grading(cell)
         assert meta["solution"] is False and meta["locked"] is True and meta["points"] > 0
         assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source
-        assert "from ttlib.checks import" in cell.source, "a visible check from ttlib.checks"
+        assert re.search(r"^from ttlib\.(checks|exercises\.\w+) import", cell.source, re.M), \
+            "a visible check from ttlib.exercises (or ttlib.checks)"
     # each exercise: markdown stating its points, then solution cell(s), then its test cell
     order = [("test", grading(c)["points"]) if grading(c).get("grade") else ("solution", None) if grading(c) else
              ("markdown", c.source) if c.cell_type == "markdown" else ("code", None) for c in nb.cells]
