@@ -72,6 +72,7 @@ class Trial:
 
     outputs: dict[str, np.ndarray] | None = None
     error: str | None = None  # "your Block raised ValueError: ..." / "your code called ...: ... refuses to run"
+    line: str = ""  # the line of the learner's code that raised `error`, for the message (never compared)
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Exercise:
         except AssertionError as error:  # a message written for the learner (e.g. "is not defined")
             return Trial(error=str(error))
         except Exception as error:  # noqa: BLE001 (anything the answer raises is reported, not re-raised)
-            return Trial(error=f"{self.what} raised {type(error).__name__}: {_first_line(error)}")
+            return Trial(error=f"{self.what} raised {type(error).__name__}: {_first_line(error)}",
+                         line=_learners_line(error) if learner else "")
         if watch.refused:  # refused, and the refusal caught by the answer itself: it still does not count
             return Trial(error=watch.message())
         try:
@@ -140,7 +142,8 @@ class Exercise:
         matches, if one does, then where it first differs from ttlib's answer, expected vs got."""
         expected = self.outcome(Pieces(self.reference, "ttlib"), trial)
         if got.error is not None:
-            return self._message(self.diagnose(trial, got, expected), got.error, where)
+            at = f" (at the line `{got.line}`)" if got.line else ""
+            return self._message(self.diagnose(trial, got, expected), got.error + at, where)
         difference = self.difference(got.outputs, expected.outputs)
         if difference is None:
             return None
@@ -267,6 +270,20 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300] if text else "(no message)"
 
 
+def _learners_line(error: BaseException) -> str:
+    """The last line of the learner's own code in the traceback of `error` (not a library's), or ""."""
+    import linecache
+
+    from .refuse import _learners
+
+    line, tb = "", error.__traceback__
+    while tb is not None:
+        if _learners(tb.tb_frame):
+            line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip() or line
+        tb = tb.tb_next
+    return line[:200]
+
+
 def _headline(detail: str) -> str:
     """The first sentence of a difference, as the headline when no known mistake matches."""
     return detail.splitlines()[0]
@@ -276,7 +293,7 @@ def _headline(detail: str) -> str:
 def encode(trial: Trial) -> dict:
     """A JSON-able record of one trial's outcome (arrays as an .npz, base64): no pickles cross the boundary."""
     if trial.outputs is None:
-        return {"error": trial.error}
+        return {"error": trial.error, "line": trial.line}
     buffer = io.BytesIO()
     np.savez(buffer, **{f"o{i}": v for i, v in enumerate(trial.outputs.values())})
     return {"names": list(trial.outputs), "npz": base64.b64encode(buffer.getvalue()).decode("ascii")}
@@ -284,7 +301,7 @@ def encode(trial: Trial) -> dict:
 
 def decode(record: dict) -> Trial:
     if "error" in record:
-        return Trial(error=str(record["error"])[:2000])
+        return Trial(error=str(record["error"])[:2000], line=str(record.get("line") or "")[:200])
     with np.load(io.BytesIO(base64.b64decode(record["npz"])), allow_pickle=False) as npz:
         return Trial(outputs={name: npz[f"o{i}"] for i, name in enumerate(record["names"])})
 
