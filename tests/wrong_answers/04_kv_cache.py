@@ -47,6 +47,8 @@ ANSWERS = [
      "the output projection is missing"),
     ("04-attention", "delegates to ttlib's CausalSelfAttention",
      "def cached_attention(attn, x, allowed, cache, layer):\n    return attn(x, allowed, cache, layer)\n", REFUSED),
+    ("04-attention", "stores through the cache's own write, not write_kv",
+     ("write_kv(cache, layer, k, v)", "cache.write(layer, k, v)"), REFUSED),
     ("04-attention", "heads split by a plain view to (B, H, T, D)",
      ("z.view(B, T, H, C // H).transpose(1, 2)", "z.view(B, H, T, C // H)"), "split by a plain view"),
     # exercise 3: cached_forward
@@ -79,6 +81,9 @@ ANSWERS = [
     ("04-forward", "delegates each layer to ttlib's Block",
      ("        x = x + cached_attention(block.attn, block.ln_1(x), allowed, cache, layer)\n"
       "        x = x + block.mlp(block.ln_2(x))\n", "        x = block(x, allowed, cache, layer)\n"), REFUSED),
+    ("04-forward", "each layer's attention through ttlib's layer, not cached_attention",
+     ("cached_attention(block.attn, block.ln_1(x), allowed, cache, layer)",
+      "block.attn(block.ln_1(x), allowed, cache, layer)"), REFUSED),
     ("04-forward", "no final LayerNorm", ("return heads(model, model.ln_f(x), start)", "return heads(model, x, start)"),
      "the final LayerNorm is missing"),
     ("04-forward", "the heads told the new tokens start at position 0",

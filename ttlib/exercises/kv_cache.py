@@ -91,10 +91,13 @@ def _write_with(offset=lambda start: start, returned="all", v_from_k=False, adva
     return {"write_kv": write_kv}
 
 
+lent_write_kv = _write_with()["write_kv"]  # exercise 1's piece, lent to exercise 2: ttlib's write, not calling it
+
+
 storing = Exercise(
     id="04-write", number=1, what="your write_kv", names=("write_kv",), trial=write_trial, run=run_write,
     reference={"write_kv": ttlib_write_kv},
-    forbid=(KVCache.write, KVCache.reorder, CausalSelfAttention.forward),
+    forbid=(KVCache.write, KVCache.reorder, CausalSelfAttention.forward, _write_with()["write_kv"]),
     atol=0.0, trials=10, hidden_trials=20, passed="your write_kv stores keys and values where ttlib's KVCache does.",
     mistakes=[
         Mistake("writes at the wrong offset: the new tokens go one slot too far. The first new token belongs in slot "
@@ -148,7 +151,7 @@ def _attention_with(stored=True, masked=True, split=split_heads, merge=merge_hea
     def cached_attention(attn, x, allowed, cache, layer):
         B, T, C = x.shape
         q, k, v = (split(z, attn.n_head) for z in attn.qkv(x).split(C, dim=2))  # each (B, H, T, D)
-        keys, values = ttlib_write_kv(cache, layer, k, v)
+        keys, values = lent_write_kv(cache, layer, k, v)
         if not stored:
             keys, values, allowed = k, v, allowed[:, -T:]
         y = merge(explicit_attention(q, keys, values, allowed if masked else torch.ones_like(allowed)))
@@ -157,10 +160,16 @@ def _attention_with(stored=True, masked=True, split=split_heads, merge=merge_hea
     return {"cached_attention": cached_attention}
 
 
+# exercise 2's piece, lent to exercise 3: ttlib's cached attention, written here so that the layer's forward and
+# the cache's write can refuse to run while exercise 3 is checked
+lent_cached_attention = _attention_with()["cached_attention"]
+
+
 cached_layer = Exercise(
     id="04-attention", number=2, what="your cached_attention", names=("cached_attention",), trial=attention_trial,
-    run=run_attention, reference={"cached_attention": ttlib_cached_attention}, lends={"write_kv": ttlib_write_kv},
-    forbid=(CausalSelfAttention.forward, Block.forward, torch.nn.MultiheadAttention), atol=1e-4, trials=10,
+    run=run_attention, reference={"cached_attention": ttlib_cached_attention}, lends={"write_kv": lent_write_kv},
+    forbid=(CausalSelfAttention.forward, Block.forward, torch.nn.MultiheadAttention, KVCache.write,
+            _attention_with()["cached_attention"]), atol=1e-4, trials=10,
     hidden_trials=15, passed="your cached attention layer computes what ttlib's does, and fills the same cache.",
     mistakes=[
         Mistake("the new tokens attend only to each other: attend over *all* the keys and values write_kv returns "
@@ -234,7 +243,7 @@ def _forward_with(mask="model", first=lambda start: start, advance="once", resid
                    "causal only": torch.tril(torch.ones(start + T, start + T, dtype=torch.bool))[start:],
                    "first rows": model.allowed[:T, :start + T]}[mask]
         for layer, block in enumerate(model.blocks):
-            attended = ttlib_cached_attention(block.attn, block.ln_1(x), allowed, cache, layer)
+            attended = lent_cached_attention(block.attn, block.ln_1(x), allowed, cache, layer)
             x = x + attended if residual else attended
             x = x + block.mlp(block.ln_2(x))
             if advance == "every layer":
@@ -248,8 +257,9 @@ def _forward_with(mask="model", first=lambda start: start, advance="once", resid
 
 cached_pass = Exercise(
     id="04-forward", number=3, what="your cached_forward", names=("cached_forward",), trial=forward_trial,
-    run=run_forward, reference={"cached_forward": ttlib_forward}, lends={"cached_attention": ttlib_cached_attention},
-    forbid=(TrajectoryGPT.forward, Block.forward), atol=1e-4, trials=10, hidden_trials=15,
+    run=run_forward, reference={"cached_forward": ttlib_forward}, lends={"cached_attention": lent_cached_attention},
+    forbid=(TrajectoryGPT.forward, Block.forward, CausalSelfAttention.forward, _forward_with()["cached_forward"]),
+    atol=1e-4, trials=10, hidden_trials=15,
     passed="your cached forward pass gives the model's logits and fills its cache like ttlib's.",
     mistakes=[
         Mistake("the value rule is missing in the cache: your new tokens may attend to the stored value tokens "
