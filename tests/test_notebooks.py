@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import re
 from pathlib import Path
 
@@ -33,6 +34,10 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 COURSE_NOTEBOOKS = list(tools.NOTEBOOKS)
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
+# a test cell of ttlib.exercises: the exercise's visible check, and its hidden one between nbgrader's markers
+EXERCISE_CELL = re.compile(r"^from ttlib\.exercises\.(?P<module>\w+) import (?P<name>\w+)\n\n"
+                           r"(?P=name)\.check\(globals\(\)\)\n### BEGIN HIDDEN TESTS\n"
+                           r"(?P=name)\.check_hidden\(globals\(\)\)\n### END HIDDEN TESTS$", re.M)
 
 
 @functools.cache
@@ -152,9 +157,13 @@ def test_exercises_are_nbgrader_ready(name):
         meta = grading(cell)
         assert meta["solution"] is False and meta["locked"] is True and meta["points"] > 0
         assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source
-        exercise = re.search(r"^from ttlib\.exercises\.\w+ import (\w+)$", cell.source, re.M)
-        assert "from ttlib.checks import" in cell.source or exercise and f"{exercise[1]}.check(globals())" in \
-            cell.source, "a visible check: ttlib.checks, or an exercise of ttlib.exercises"
+        exercise = EXERCISE_CELL.search(cell.source)
+        assert exercise or "from ttlib.checks import" in cell.source, "a visible check: ttlib.exercises or ttlib.checks"
+        if exercise:  # the short test cell of ttlib.exercises: the exercise it checks is this cell's, points stated
+            checked = getattr(importlib.import_module(f"ttlib.exercises.{exercise['module']}"), exercise["name"])
+            assert f"{checked.id}-test" == meta["grade_id"], f"{meta['grade_id']} checks {checked.id}"
+            stated = re.match(r"# Exercise (\d+) \((\d+) points?\)", cell.source)
+            assert stated and stated.groups() == (str(checked.number), f"{meta['points']:g}"), cell.source[:100]
     # each exercise: markdown stating its points, then solution cell(s), then its test cell
     order = [("test", grading(c)["points"]) if grading(c).get("grade") else ("solution", None) if grading(c) else
              ("markdown", c.source) if c.cell_type == "markdown" else ("code", None) for c in nb.cells]

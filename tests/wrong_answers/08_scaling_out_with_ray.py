@@ -1,23 +1,41 @@
 """Wrong answers to notebook 08's exercises (see tests/test_exercises.py for the format)."""
 
-REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
+REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exercises.refuse)
 
 ANSWERS = [
     ("08-split", "the extra episodes go to the last slices", ("1 if i < n_episodes % n_slices",
-                                                             "1 if i >= n_slices - n_episodes % n_slices")),
-    ("08-split", "empty slices for idle workers", ("n_slices = min(n_workers, n_episodes)", "n_slices = n_workers")),
+                                                             "1 if i >= n_slices - n_episodes % n_slices"),
+     "the extra episodes go to the last slices"),
+    ("08-split", "empty slices for idle workers", ("n_slices = min(n_workers, n_episodes)", "n_slices = n_workers"),
+     "workers without an episode get an empty slice"),
     ("08-split", "round robin instead of contiguous slices", '''def split_episodes(n_episodes, n_workers):
     n_slices = min(n_workers, n_episodes)
     return [list(range(i, n_episodes, n_slices)) for i in range(n_slices)]
-'''),
+''', "round robin"),
     ("08-split", "delegates to ttlib's slices", '''def split_episodes(n_episodes, n_workers):
     return distributed.slices(n_episodes, n_workers)
 ''', REFUSED),
-    ("08-merge", "split_actions never moves past the first worker's rows", ("        start += n\n", "")),
+    # not in the catalogue before: slips a learner makes
+    ("08-split", "np.array_split, without a case for zero episodes", '''def split_episodes(n_episodes, n_workers):
+    return [list(s) for s in np.array_split(np.arange(n_episodes), min(n_workers, n_episodes))]
+''', "np.array_split with 0 sections raises"),
+    ("08-split", "slices as NumPy arrays", ("slices.append(list(range(start, start + size)))",
+                                            "slices.append(np.arange(start, start + size))"),
+     "the slices are NumPy arrays"),
+    ("08-split", "slices of ceil(n / k) episodes, the last one short", '''def split_episodes(n_episodes, n_workers):
+    if n_episodes == 0:
+        return []
+    size = -(-n_episodes // n_workers)
+    return [list(range(start, min(start + size, n_episodes))) for start in range(0, n_episodes, size)]
+''', "split_episodes(9, 7): expected [[0, 1], [2, 3], [4], [5], [6], [7], [8]], got"),  # no diagnosis: where
+    ("08-merge", "split_actions never moves past the first worker's rows", ("        start += n\n", ""),
+     "every worker gets the first rows of the batch"),
     ("08-merge", "workers merged in reverse order", ('np.concatenate([o["prefix"] for o in observations])',
-                                                     'np.concatenate([o["prefix"] for o in observations[::-1]])')),
+                                                     'np.concatenate([o["prefix"] for o in observations[::-1]])'),
+     "merged in reverse order of the workers"),
     ("08-merge", "counts the context length, not the environments", ('[len(o["keys"]) for o in observations]',
-                                                                     '[o["prefix"].shape[1] for o in observations]')),
+                                                                     '[o["prefix"].shape[1] for o in observations]'),
+     "the counts are the contexts' length"),
     ("08-merge", "delegates to ttlib's merge and split", '''def merge_contexts(observations):
     return distributed.merge_observations(observations)
 
@@ -25,4 +43,33 @@ ANSWERS = [
 def split_actions(actions, counts):
     return distributed.split_actions(actions, counts)
 ''', REFUSED),
+    # not in the catalogue before
+    ("08-merge", "prefix and keys both merged in reverse order", '''def merge_contexts(observations):
+    prefix = torch.as_tensor(np.concatenate([o["prefix"] for o in reversed(observations)]), dtype=torch.long)
+    keys = torch.as_tensor(np.concatenate([o["keys"] for o in reversed(observations)]), dtype=torch.int64)
+    return prefix, keys, [len(o["keys"]) for o in observations]
+
+
+def split_actions(actions, counts):
+    actions = np.asarray(actions)
+    parts, start = [], 0
+    for n in counts:
+        parts.append(actions[start:start + n])
+        start += n
+    return parts
+''', "the workers' rows are merged in reverse order"),
+    ("08-merge", "keys cast to 32 bits", ("dtype=torch.int64)", "dtype=torch.int32)"), "cast to 32 bits"),
+    ("08-merge", "actions cut into equal parts", '''def merge_contexts(observations):
+    prefix = torch.as_tensor(np.concatenate([o["prefix"] for o in observations]), dtype=torch.long)
+    keys = torch.as_tensor(np.concatenate([o["keys"] for o in observations]), dtype=torch.int64)
+    return prefix, keys, [len(o["keys"]) for o in observations]
+
+
+def split_actions(actions, counts):
+    return np.array_split(np.asarray(actions), len(counts))
+''', "cut into equal parts"),
+    ("08-merge", "the merged prefix left a NumPy array",  # no diagnosis: where it differs
+     ('prefix = torch.as_tensor(np.concatenate([o["prefix"] for o in observations]), dtype=torch.long)',
+      'prefix = np.concatenate([o["prefix"] for o in observations])'),
+     "what the merged prefix is: expected torch.Tensor of torch.int64, got numpy.ndarray of int64"),
 ]

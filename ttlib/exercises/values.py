@@ -1,0 +1,183 @@
+"""Notebook 00's exercises: the value target V_t, episode returns and normalized scores.
+
+Each trial starts with a case small enough to check by hand, then an episode like the course's (float32 rewards,
+small shaping rewards and a +100 or -100 at the end): where an answer first differs is then the easy case if it
+can be. The course dataset itself is not loaded here (that takes seconds); its episodes' shape and scale are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import data as ttlib_data
+from . import Exercise, Mistake
+
+
+def lander_rewards(rng, n_steps: int) -> np.ndarray:
+    """(n_steps,) float32 rewards like a LunarLander episode's: small shaping rewards, then a landing or a crash."""
+    rewards = rng.normal(size=n_steps) * rng.choice([0.3, 1.0, 3.0])
+    rewards[-1] += rng.choice([-100.0, 100.0])
+    return rewards.astype(np.float32)
+
+
+def small_rewards(rng) -> np.ndarray:
+    """1 to 4 rewards of small whole numbers: values a learner can work out on paper."""
+    return rng.integers(-3, 5, size=int(rng.integers(1, 5))).astype(np.float64)
+
+
+# ---- exercise 1: discounted values ---------------------------------------------------------------------------------
+def values_trial(rng):
+    """(a small episode and its gamma, a bigger episode and its gamma)."""
+    small = small_rewards(rng), float(rng.choice([0.5, 1.0]))
+    if rng.random() < 0.4:  # an episode as long as the course's: hundreds of float32 steps, gamma 0.99
+        return small, (lander_rewards(rng, int(rng.integers(100, 1000))), 0.99)
+    rewards = rng.normal(size=int(rng.integers(1, 80))) * rng.choice([0.1, 1.0, 100.0])
+    return small, (rewards, float(rng.choice([0.3, 0.5, 0.9, 0.99, 1.0])))
+
+
+def run_values(answer, trial):
+    (small, small_gamma), (rewards, gamma) = trial
+    return {f"discounted_values({small.tolist()}, gamma={small_gamma:g})":
+                answer.discounted_values(small.copy(), small_gamma),
+            f"discounted_values(the {len(rewards)} rewards of an episode, gamma={gamma:g})":
+                answer.discounted_values(rewards.copy(), gamma)}
+
+
+def _backward(rewards, gamma, step, last=0.0, stop=0):
+    """values[T-1] = last; values[t] = step(rewards, values, t, gamma) for t = T-2 down to `stop`."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.zeros_like(rewards)
+    values[-1] = last
+    for t in range(len(rewards) - 2, stop - 1, -1):
+        values[t] = step(rewards, values, t, gamma)
+    return values
+
+
+def _own_reward(rewards, gamma):
+    return _backward(rewards, gamma, lambda r, v, t, g: r[t] + g * v[t + 1])
+
+
+def _return_to_go(rewards, gamma):
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return _backward(rewards, gamma, lambda r, v, t, g: r[t] + g * v[t + 1], last=rewards[-1])
+
+
+def _next_reward_discounted(rewards, gamma):
+    return _backward(rewards, gamma, lambda r, v, t, g: g * (r[t + 1] + v[t + 1]))
+
+
+def _stops_before_zero(rewards, gamma):
+    return _backward(rewards, gamma, lambda r, v, t, g: r[t + 1] + g * v[t + 1], stop=1)
+
+
+def _forward_loop(rewards, gamma):
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.zeros_like(rewards)
+    for t in range(len(rewards) - 1):  # values[t + 1] is still 0 when values[t] reads it
+        values[t] = rewards[t + 1] + gamma * values[t + 1]
+    return values
+
+
+value_target = Exercise(
+    id="00-discounted-values", number=1, what="your discounted_values", names=("discounted_values",),
+    trial=values_trial, run=run_values, reference={"discounted_values": ttlib_data.discounted_values},
+    forbid=(ttlib_data.discounted_values, ttlib_data.load), atol=1e-3, rtol=1e-5, trials=10, hidden_trials=20,
+    passed="your values match ttlib's.",
+    mistakes=[
+        Mistake("each value includes its own step's reward: V_t counts only the rewards *after* step t (r_t has its "
+                "own token), so V_t = r_{t+1} + gamma * V_{t+1}.", {"discounted_values": _own_reward}),
+        Mistake("this is the return-to-go G_t = r_t + gamma * G_{t+1} (the Decision Transformer's target), which "
+                "counts r_t itself: V_t starts at the next reward, V_t = r_{t+1} + gamma * V_{t+1}, and V_{T-1} = 0.",
+                {"discounted_values": _return_to_go}),
+        Mistake("the next reward is discounted too: r_{t+1} counts fully (gamma^0), only the rewards after it are "
+                "discounted, so V_t = r_{t+1} + gamma * V_{t+1}, not gamma * (r_{t+1} + V_{t+1}).",
+                {"discounted_values": _next_reward_discounted}),
+        Mistake("V_0 is never computed: the backward loop must run down to t = 0 (`range(T - 2, -1, -1)`: the "
+                "stop of a range is excluded).", {"discounted_values": _stops_before_zero}),
+        Mistake("the loop runs forwards, so V_{t+1} is still 0 when V_t reads it: run it backwards, from "
+                "t = T - 2 down to 0, so that each value is ready when the step before it needs it.",
+                {"discounted_values": _forward_loop}),
+    ],
+)
+
+
+# ---- exercise 2: returns and normalized scores ---------------------------------------------------------------------
+def returns_trial(rng):
+    """(small episodes, course-like episodes, small references and returns, returns with random references)."""
+    small_episodes = [small_rewards(rng) for _ in range(int(rng.integers(1, 4)))]
+    episodes = [lander_rewards(rng, int(rng.integers(1, 400))) for _ in range(int(rng.integers(1, 9)))]
+    lo, hi = -int(rng.integers(1, 5)) * 50, int(rng.integers(1, 5)) * 50
+    small_scores = np.array([lo, (lo + hi) / 2, hi], dtype=np.float64), float(lo), float(hi)
+    ref_min = float(rng.normal() * 100)
+    scores = rng.normal(size=int(rng.integers(1, 20))) * 100, ref_min, ref_min + float(rng.uniform(1, 300))
+    return small_episodes, episodes, small_scores, scores
+
+
+def run_returns(answer, trial):
+    small_episodes, episodes, (small, small_lo, small_hi), (returns, lo, hi) = trial
+    lengths = sorted(len(r) for r in episodes)
+    return {
+        f"episode_returns({[r.tolist() for r in small_episodes]})":
+            answer.episode_returns([r.copy() for r in small_episodes]),
+        f"episode_returns of {len(episodes)} episodes of {lengths[0]} to {lengths[-1]} steps":
+            answer.episode_returns([r.copy() for r in episodes]),
+        f"normalized_score({small.tolist()}, ref_min={small_lo:g}, ref_max={small_hi:g})":
+            answer.normalized_score(small.copy(), small_lo, small_hi),
+        f"normalized_score({len(returns)} returns, ref_min={lo:.1f}, ref_max={hi:.1f})":
+            answer.normalized_score(returns.copy(), lo, hi),
+    }
+
+
+def dataset_of(rewards, ref_min: float = 0.0, ref_max: float = 1.0) -> ttlib_data.OfflineDataset:
+    """An OfflineDataset that holds only these rewards (and references): the methods the exercise rebuilds."""
+    rewards = [np.asarray(r) for r in rewards]
+    empty, flags = [np.zeros((len(r), 1)) for r in rewards], [np.zeros(len(r), bool) for r in rewards]
+    return ttlib_data.OfflineDataset("exercise/episodes-v0", None, {}, 0.99, empty, empty, rewards, flags, flags,
+                                     rewards, None, ref_min, ref_max)
+
+
+def ttlib_returns(rewards):
+    return dataset_of(rewards).returns()
+
+
+def ttlib_normalized_score(returns, ref_min, ref_max):
+    return dataset_of([], ref_min, ref_max).normalized_score(returns)
+
+
+def _returns_with(total):
+    return {"episode_returns": lambda rewards: np.array([total(np.asarray(r, dtype=np.float64)) for r in rewards])}
+
+
+def _scores_with(score):
+    return {"normalized_score": lambda g, lo, hi: score(np.asarray(g, dtype=np.float64), lo, hi)}
+
+
+def _discounted_sum(r):
+    return float(np.sum(r * 0.99 ** np.arange(len(r))))
+
+
+returns_and_scores = Exercise(
+    id="00-returns", number=2, what="your episode_returns or normalized_score",
+    names=("episode_returns", "normalized_score"), trial=returns_trial, run=run_returns,
+    reference={"episode_returns": ttlib_returns, "normalized_score": ttlib_normalized_score},
+    forbid=(ttlib_data.OfflineDataset.returns, ttlib_data.OfflineDataset.normalized_score, ttlib_data.load),
+    atol=1e-3, rtol=1e-6, trials=5, hidden_trials=10, passed="your returns and scores are the dataset's.",
+    mistakes=[
+        Mistake("these are mean rewards: an episode's return is the *sum* of its rewards, G = sum_t r_t.",
+                _returns_with(np.mean)),
+        Mistake("these returns are discounted: the return that judges a whole episode is the plain sum of its "
+                "rewards, every step counting fully (the discount belongs to the value V_t).",
+                _returns_with(_discounted_sum)),
+        Mistake("the scores are divided by ref_max alone: divide by the references' difference, "
+                "(G - ref_min) / (ref_max - ref_min), so that the expert's return scores exactly 1.",
+                _scores_with(lambda g, lo, hi: (g - lo) / hi)),
+        Mistake("the scores are measured from the expert's return: measure from the random policy's, "
+                "(G - ref_min) / (ref_max - ref_min), so that random scores 0 and the expert 1 (yours gives the "
+                "expert 0).", _scores_with(lambda g, lo, hi: (g - hi) / (hi - lo))),
+        Mistake("these are percentages, as papers print D4RL scores: here the random policy scores 0 and the "
+                "expert 1, not 100 -- leave out the factor 100.",
+                _scores_with(lambda g, lo, hi: 100 * (g - lo) / (hi - lo))),
+    ],
+)
+
+EXERCISES = [value_target, returns_and_scores]
