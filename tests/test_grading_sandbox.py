@@ -219,7 +219,8 @@ def graded(tmp_path_factory):
     root = tmp / "grading"
     env = {**os.environ, "TTLIB_COURSE_DIR": str(root), "TTLIB_FAST": "1", "OMP_NUM_THREADS": "1",
            "TTLIB_GRADE_CELL_TIMEOUT": str(CELL_CPU), "TTLIB_GRADE_NOTEBOOK_TIMEOUT": str(NOTEBOOK_CPU),
-           "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB)}
+           "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB),
+           "TTLIB_GRADE_WALL_FACTOR": "20"}  # the clock's backstop is not under test: no load may reach it
     # notebook 02 only: its source version and `nbgrader generate_assignment`, as `ttlib grade release` does
     source = root / "source" / CHEAP / f"{CHEAP}.ipynb"
     source.parent.mkdir(parents=True)

@@ -153,6 +153,7 @@ class BoundedExecute(Execute):
         cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.tools.sandbox').tools.sandbox.limit_kernel_output("
                f"{self.output_limit}, {self.notebook_output_limit})")  # the kernel drops its excess output itself
         self.extra_arguments = [*(a for a in self.extra_arguments if not a.startswith(cap[:40])), cap]
+        sandbox.adopt_orphans()  # the second line: what escapes a sandbox comes to this process, and is ended below
         before = sandbox.own_children()
         student = ((resources or {}).get("nbgrader") or {}).get("student", "?")
         try:
@@ -360,11 +361,16 @@ class SaveAutoGrades(_SaveAutoGrades):
     submission (nbgrader raises, e.g. "partial credit cannot be greater than maximum points"), nbgrader would log a
     traceback, delete the submission's autograded notebook and leave its grades half written. Here every test cell
     of that submission gets an error saying why (0 points), the grades are recorded again, and the autograded
-    notebook and feedback say so; the other submissions are graded as usual."""
+    notebook and feedback say so; the other submissions are graded as usual. A failure of the gradebook itself (a
+    database error) is no submission's doing: it still stops the run, as in nbgrader."""
 
     def preprocess(self, nb, resources):
+        from sqlalchemy.exc import SQLAlchemyError
+
         try:
             return super().preprocess(nb, resources)
+        except SQLAlchemyError:  # the gradebook itself (locked, out of date): nbgrader stops the run, rightly
+            raise
         except Exception as e:
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             student = resources.get("nbgrader", {}).get("student", "?")
