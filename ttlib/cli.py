@@ -10,6 +10,7 @@
     ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
     ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
+    ttlib grade doctor                              what the grading sandbox guarantees on this machine
 """
 
 from __future__ import annotations
@@ -296,6 +297,11 @@ def _cmd_bench(args):
 
 
 def _cmd_grade(args):
+    if args.action == "doctor":
+        from .tools import sandbox
+
+        print(sandbox.capabilities().report())
+        return
     try:
         from .tools import grade
     except ImportError as e:
@@ -351,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = grade_sub.add_parser("collect", help="a flat folder of <student>.ipynb -> nbgrader's submitted/ folder")
     g.add_argument("assignment", help="the notebook's name without .ipynb, e.g. 01_attention")
     g.add_argument("folder", help="a folder holding one <student>.ipynb per student")
+    grade_sub.add_parser("doctor", help="what the grading sandbox guarantees on this machine (Landlock, namespaces)")
     p.set_defaults(func=_cmd_grade)
     return parser
 

@@ -1,0 +1,344 @@
+"""Grading strangers' code, contained: a class of notebook 02 (cheap) graded with real nbgrader, the commands of the
+README's instructor guide run as written, in which some students attack the others, the gradebook and the grader.
+All of it is graded while a CPU hog runs (two busy processes on this 2-core machine, beside whatever else runs).
+
+Two `nbgrader autograde` runs, as when submissions come in over days:
+1. "ada" (every exercise right), "bob" (one plausible bug) and "breaker" (a hook that makes each test cell show
+   1000 as its result, which nbgrader reads as partial credit and refuses: "partial credit cannot be greater than
+   maximum points"), graded with `--BoundedExecute.strip_score_outputs=False` so that nbgrader's bookkeeping fails
+   for "breaker": it gets a clear 0 with the reason, an autograded notebook and feedback; ada and bob are graded
+   normally. Then their feedback is generated.
+2. The attackers:
+   - "eve", a vandal: rewrites and deletes the others' submitted/, autograded/ and feedback/ folders, rewrites
+     gradebook.db, writes outside its folder, and leaves a `setsid` process and a double-forked one that sleep and
+     then try it all again;
+   - "hog": its last exercise starts a `setsid` child that allocates past the memory limit;
+   - "flood": every exercise right, and its first one prints 320 MiB (and writes 64 MiB to its stdout file
+     descriptor);
+   - "scorer": blank, with the same hook as "breaker" but showing 2 (each test's maximum or less): nbgrader would
+     give it points for failing tests.
+Checked afterwards: the right answers keep full marks under the hog (time is counted in CPU seconds); no file of
+ada, bob or breaker changed (hashes before and after) and nor did their grades; nothing the submissions started is
+alive (every process is scanned for the marker their command lines carry and for a sandbox's environment); the
+grading process's memory stayed bounded while "flood" printed (its peak is compared with the first run's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+from test_grading import CHEAP, REPO, answered, cell, one_bug, points, read, solution_notebook, student_notebook
+from test_sandbox import marked
+
+from ttlib.tools import grade, sandbox
+
+MARK = "ttlib-sandbox-test-marker"  # in the command line of every process an attacker starts
+CELL_CPU = 20  # CPU seconds a cell may use; a correct submission uses about 7 in all
+NOTEBOOK_CPU = 35
+MEMORY_GB = 2.0
+FLOOD_MIB = 320
+POINTS = points(CHEAP)  # {"02-uniform-test": 3, "02-quantile-test": 2, "02-decode-test": 2}
+FULL = sum(POINTS.values())
+
+ATTACK = r'''
+import glob, os, pwd, shutil, sqlite3
+MARK = "ttlib-sandbox-test-marker"
+A = "02_trajectory_tokenizer"
+done = []
+
+
+def attempt(what, path, action):
+    try:
+        action()
+        done.append(f"{what} {path}")
+    except Exception as e:
+        done.append(f"could not {what} {path}: {getattr(e, 'strerror', None) or e}")
+
+
+def overwrite(path):
+    with open(path, "w") as f:
+        f.write("vandalized")
+
+
+def zero(db):
+    con = sqlite3.connect(db)
+    con.execute("update grade set auto_score = 0")
+    con.execute("update grade set manual_score = 7")
+    con.commit()
+
+
+roots = {os.environ.get("TTLIB_COURSE_DIR", "/nonexistent")}
+pid = os.getpid()
+while pid > 1:  # the grader's folder, found through the parents' current folders
+    try:
+        roots.add(os.path.join(os.readlink(f"/proc/{pid}/cwd"), "grading"))
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+for root in sorted(roots):
+    for sub in ("submitted", "autograded", "feedback"):
+        known = {os.path.join(root, sub, name) for name in ("ada", "bob", "breaker")}  # a class list, say
+        for victim in sorted(known | set(glob.glob(os.path.join(root, sub, "*")))):
+            if os.path.basename(victim) == "eve":
+                continue
+            files = {os.path.join(victim, A, A + ext) for ext in (".ipynb", ".html")}
+            for path in sorted(files | set(glob.glob(os.path.join(victim, "**", "*.*"), recursive=True))):
+                attempt("rewrite", path, lambda: overwrite(path))
+            attempt("delete", victim, lambda: shutil.rmtree(victim))
+    db = os.path.join(root, "gradebook.db")
+    if os.path.exists(db):
+        attempt("write", db, lambda: zero(db))
+for outside in ("/tmp/" + MARK, os.path.join(pwd.getpwuid(os.getuid()).pw_dir, MARK)):
+    attempt("write", outside, lambda: overwrite(outside))
+print("\n".join(done) or "found nothing to attack")
+'''
+
+VANDAL = f'''import os, subprocess, sys, time
+ATTACK = {ATTACK!r}
+exec(ATTACK)
+# a process that outlives grading (setsid), and a double-forked one: both sleep, then attack again
+later = "import time; time.sleep(3); exec(" + repr(ATTACK) + ")"
+subprocess.Popen([sys.executable, "-c", later, "{MARK}"], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+double = "import os, sys; os.fork() and os._exit(0); os.setsid(); os.fork() and os._exit(0); " + later
+subprocess.run([sys.executable, "-c", double, "{MARK}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+               stderr=subprocess.DEVNULL)
+print("left two processes behind")
+'''
+
+ESCAPING_HOG = f'''import subprocess, sys, time
+hog = "import time; held = [b'x' * (100 << 20) for _ in range(60) if time.sleep(0.02) is None]; time.sleep(60)"
+subprocess.Popen([sys.executable, "-c", hog, "{MARK}"], start_new_session=True)  # 6 GiB, outside the kernel's session
+time.sleep(60)  # the kernel itself holds nothing
+'''
+
+FLOOD = f'''import os
+for _ in range({FLOOD_MIB}):
+    print("x" * (1 << 20))
+os.write(1, b"y" * (64 << 20))  # past sys.stdout: the kernel's file descriptor
+'''
+
+
+def score_hook(value) -> str:
+    """A hook that makes every later cell show `value` as its result first, which nbgrader reads as the score of a
+    test cell."""
+    return f'''ip = get_ipython()
+ip.events.register("pre_run_cell", lambda *args: ip.displayhook({value}))
+'''
+
+
+def class_of_02():
+    solutions = dict.fromkeys(["02-uniform", "02-quantile", "02-decode"])
+    blank = student_notebook(CHEAP)
+    first = answered(CHEAP, {"02-uniform": None})  # uniform solved, the rest left as released
+
+    def with_code(nb, grade_id, code):
+        nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+        cell(nb, grade_id).source = code + "\n" + cell(nb, grade_id).source
+        return nb
+
+    first_run = {"ada": answered(CHEAP, solutions),
+                 "bob": one_bug(CHEAP, "02-uniform", 'side="right"', 'side="left"'),
+                 "breaker": with_code(first, "02-quantile", score_hook(1000))}
+    second_run = {"eve": with_code(blank, "02-uniform", VANDAL),
+                  "hog": answered(CHEAP, {**solutions, "02-decode": ESCAPING_HOG}),
+                  "flood": with_code(answered(CHEAP, solutions), "02-uniform", FLOOD),
+                  "scorer": with_code(blank, "02-uniform", score_hook(2))}
+    return first_run, second_run
+
+
+EXPECTED = {"ada": FULL, "bob": FULL - POINTS["02-uniform-test"], "breaker": 0, "eve": 0,
+            "hog": POINTS["02-uniform-test"] + POINTS["02-quantile-test"], "flood": FULL, "scorer": 0}
+
+
+def run(*args, env, timeout=900, watch=None):
+    """One command of the instructor guide from the repository root; (output, peak RSS of the command's own
+    process in bytes)."""
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    peak = [0]
+
+    def sample():
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    rss = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
+                peak[0] = max(peak[0], rss)
+            except (OSError, AttributeError):
+                pass
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = proc.communicate(timeout=timeout)
+    sampler.join()
+    assert proc.returncode == 0, f"`{' '.join(args)}` failed:\n{out[-6000:]}"
+    return out, peak[0]
+
+
+def hashes(root: Path, students) -> dict[str, str]:
+    """sha256 of every file of these students (submitted/, autograded/, feedback/) and of the course's sources."""
+    paths = [p for s in students for sub in ("submitted", "autograded", "feedback")
+             for p in (root / sub / s).rglob("*")]
+    paths += list((root / "source").rglob("*")) + list((root / "release").rglob("*"))
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths)
+            if p.is_file()}
+
+
+def grades(root: Path, students) -> dict:
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        out = {}
+        for student in students:
+            submission = gb.find_submission(CHEAP, student)
+            out[student] = {g.name: (g.auto_score, g.manual_score) for g in submission.notebooks[0].grades}
+            out[student]["score"] = submission.score
+        return out
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if not sandbox.capabilities().landlock_abi or not sandbox.capabilities().subreaper:
+        pytest.fail(f"this test needs Linux with Landlock: {sandbox.capabilities().missing()}")
+    start = time.monotonic()
+    tmp = tmp_path_factory.mktemp("course")
+    root = tmp / "grading"
+    env = {**os.environ, "TTLIB_COURSE_DIR": str(root), "TTLIB_FAST": "1", "OMP_NUM_THREADS": "1",
+           "TTLIB_GRADE_CELL_TIMEOUT": str(CELL_CPU), "TTLIB_GRADE_NOTEBOOK_TIMEOUT": str(NOTEBOOK_CPU),
+           "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB),
+           "TTLIB_GRADE_WALL_FACTOR": "20"}  # the clock's backstop is not under test: no load may reach it
+    # notebook 02 only: its source version and `nbgrader generate_assignment`, as `ttlib grade release` does
+    source = root / "source" / CHEAP / f"{CHEAP}.ipynb"
+    source.parent.mkdir(parents=True)
+    nbformat.write(grade.source_version(solution_notebook(CHEAP), f"{CHEAP}.ipynb"), source)
+    run("nbgrader", "generate_assignment", CHEAP, "--force", env=env)
+    first, second = class_of_02()
+    out = {"root": root, "logs": {}, "peak": {}}
+    hogs = busy(2)
+    try:
+        for name, students, extra in (("first", first, ["--BoundedExecute.strip_score_outputs=False"]),
+                                      ("second", second, [])):
+            folder = tmp / name
+            folder.mkdir()
+            for student, nb in students.items():
+                nbformat.write(nb, folder / f"{student}.ipynb")
+            run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
+            out["logs"][name], out["peak"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
+            (tmp / f"autograde-{name}.log").write_text(out["logs"][name])
+            if name == "first":
+                run("nbgrader", "generate_feedback", CHEAP, env=env)
+                out["hashes before"] = hashes(root, first)
+                out["grades before"] = grades(root, first)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    time.sleep(4)  # what the vandal left behind would have woken up by now
+    sandboxes = "|".join(re.escape(s) for s in [*first, *second])  # a sandbox's folder is named after its student
+    out["alive"] = marked(MARK, re.compile(rf"TTLIB_SANDBOX=[^\0]*/ttsbx-({sandboxes})-".encode()))
+    out["hashes after"] = hashes(root, first)
+    out["grades after"] = grades(root, first)
+    out["outside"] = [p for p in (Path("/tmp") / MARK, Path.home() / MARK) if p.exists()]
+    out["seconds"] = time.monotonic() - start
+    logs = "\n".join(out["logs"].values())
+    out["ran"] = {s: (float(cpu), float(wall)) for s, cpu, wall in
+                  re.findall(r"ttlib: (\S+) ran in ([0-9.]+) s of CPU time, ([0-9.]+) s on the clock", logs)}
+    return out
+
+
+def score(graded, student) -> float:
+    with Gradebook(f"sqlite:///{graded['root'] / 'gradebook.db'}") as gb:
+        return gb.find_submission(CHEAP, student).score
+
+
+def autograded(graded, student):
+    return read(graded["root"] / "autograded" / student / CHEAP / f"{CHEAP}.ipynb")
+
+
+def outputs(nb, grade_id) -> str:
+    return json.dumps(cell(nb, grade_id).outputs)
+
+
+def test_every_student_gets_the_expected_score(graded):
+    got = {student: score(graded, student) for student in EXPECTED}
+    assert got == EXPECTED
+
+
+def test_the_vandal_changed_nothing_of_the_others(graded):
+    assert graded["hashes after"] == graded["hashes before"]
+    assert graded["grades after"] == graded["grades before"]
+    assert graded["outside"] == []
+    said = outputs(autograded(graded, "eve"), "02-uniform")
+    assert "could not rewrite" in said and "Permission denied" in said, said[:2000]
+    assert "could not write" in said and "gradebook.db" in said
+    assert re.search(r"^(rewrite|delete|write) ", said.replace("\\n", "\n"), re.M) is None, said[:2000]
+
+
+def test_nothing_the_submissions_started_is_alive(graded):
+    assert graded["alive"] == []
+    assert "left two processes behind" in outputs(autograded(graded, "eve"), "02-uniform")
+
+
+def test_an_escaping_memory_hog_is_counted_and_stopped(graded):
+    nb = autograded(graded, "hog")
+    died = [o for o in cell(nb, "02-decode-test").outputs if o.output_type == "error"]
+    assert died and died[0].ename in ("KernelDied", "NotRun") and "memory" in died[0].evalue, died
+    assert graded["ran"]["hog"][1] < 60, "stopped by the memory limit, not by the clock (the cell sleeps 60 s)"
+
+
+def test_an_output_flood_is_capped_and_the_grader_stays_small(graded):
+    nb = autograded(graded, "flood")
+    text = outputs(nb, "02-uniform")
+    assert "output over the grading limit" in text
+    assert len(json.dumps(nb)) < 8 * 2**20, "the flood's output is not kept"
+    first, second = graded["peak"]["first"], graded["peak"]["second"]
+    assert second < first + 200 * 2**20, (f"the grader grew from {first / 2**20:.0f} MiB to "
+                                          f"{second / 2**20:.0f} MiB while {FLOOD_MIB} MiB were printed")
+
+
+def test_a_submission_that_breaks_nbgraders_bookkeeping_gets_zero_with_the_reason(graded):
+    nb = autograded(graded, "breaker")  # the autograded notebook exists, and says why
+    for grade_id in POINTS:
+        assert "GradingFailed" in outputs(nb, grade_id) and "partial credit" in outputs(nb, grade_id)
+    feedback = (graded["root"] / "feedback" / "breaker" / CHEAP / f"{CHEAP}.html").read_text()
+    assert "GradingFailed" in feedback and "Score: 0" in feedback
+    assert "could not record breaker's grades" in graded["logs"]["first"]
+
+
+def test_a_submission_cannot_set_its_own_score(graded):
+    nb = autograded(graded, "scorer")
+    for grade_id in POINTS:
+        assert "execute_result" not in outputs(nb, grade_id)
+    assert "output nbgrader would read as its score; removed" in graded["logs"]["second"]
+
+
+def test_correct_submissions_keep_full_marks_under_a_cpu_hog(graded):
+    for student in ["ada", "flood"]:
+        cpu, wall = graded["ran"][student]
+        assert score(graded, student) == FULL
+        assert cpu < NOTEBOOK_CPU / 1.5, "a correct submission uses well under its CPU budget"
+        assert wall > 1.2 * cpu, "the hog slowed it down on the clock, which is not what it is charged for"
+
+
+def test_the_class_table(graded):
+    """student, score, CPU seconds, seconds on the clock (run with -s); and the test's own time."""
+    print("\n| student | points | CPU s | wall s |\n|---|---|---|---|")
+    for student in EXPECTED:
+        cpu, wall = graded["ran"].get(student, (float("nan"), float("nan")))
+        print(f"| {student} | {score(graded, student):g} / {FULL:g} | {cpu:.1f} | {wall:.1f} |")
+    print(f"grader peak RSS: {graded['peak']['first'] / 2**20:.0f} MiB (first run), "
+          f"{graded['peak']['second'] / 2**20:.0f} MiB (second, with the flood); whole test {graded['seconds']:.0f} s")
