@@ -40,7 +40,7 @@ def test_readme_badges_open_the_student_versions_and_link_the_solutions():
     table = readme.split(colab.TABLE_START)[1].split(colab.TABLE_END)[0]
     rows = re.findall(r"^\| (\d\d) \|.*colab-badge\.svg\)\]\([^)]*/notebooks/student/(\d\d)_[\w.-]+\.ipynb\) \| "
                       r"\[solution\]\([^)]*/notebooks/(\d\d)_[\w.-]+\.ipynb\) \|$", table, re.M)
-    assert [a for a, b, c in rows if a == b == c] == [f"{i:02d}" for i in range(9)]
+    assert [a for a, b, c in rows if a == b == c] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]
     for path in NOTEBOOKS:
         assert f"/notebooks/student/{path.name})" in table, f"{path.name}: no badge for its student version"
         assert (ROOT / "notebooks" / "student" / path.name).is_file(), f"{path.name} has no student version"

@@ -101,9 +101,11 @@ def synced_notebook(text: str, name: str, repo: str) -> str:
     if len(BADGE.findall(title.source)) != 1:
         raise ValueError(f"{name}: the first cell needs exactly one Colab badge: {badge(repo, name)}")
     title.source = BADGE.sub(lambda _: badge(repo, name), title.source)
-    setups = [c for c in nb.cells if c.cell_type == "code" and "setup" in c.metadata.get("tags", [])]
+    setups = [c for c in nb.cells if c.cell_type == "code" and "setup" in c.metadata.get("tags", [])
+              and "google.colab" in c.source]  # the install cell (imports and settings may be tagged 'setup' too)
     if len(setups) != 1:
-        raise ValueError(f"{name}: needs exactly one code cell tagged 'setup' (found {len(setups)})")
+        raise ValueError(f"{name}: needs exactly one code cell tagged 'setup' that installs ttlib on Colab "
+                         f"(found {len(setups)})")
     setups[0].source = setup_cell(repo, name)
     return nbformat.writes(nb) + "\n"
 
