@@ -14,7 +14,10 @@ from ttlib.critic import (
     critic_from_payload,
     critic_payload,
     expectile_loss,
+    q_loss,
+    td_target,
     train_critic,
+    train_member,
     transitions,
 )
 from ttlib.distributed import pack, unpack_critic
@@ -88,6 +91,35 @@ def test_a_critic_is_the_mean_of_its_members_each_trained_from_its_own_seed(cour
         assert not torch.allclose(members[0], members[1])  # different seeds, different members
         assert torch.equal(one.q(obs, act), members[2])  # member 2 of seed 0 is member 0 of seed 2
     assert [h["member"] for h in history if h["step"] == 19] == [0, 1, 2] and history[-1]["seconds"] > 0
+
+
+def test_a_member_trains_with_the_losses_it_is_given_in_the_dtype_of_its_batch(course_data):
+    """train_member's two steps are value_loss and q_loss (the shipped critic's) or the caller's (notebook 06 trains
+    with the learner's): the same losses written another way train the same member in float64, to rounding, and
+    other losses another member."""
+    from tqdm.auto import tqdm
+
+    batch = {key: value[::40].double() for key, value in transitions(course_data).items()}
+    config = CriticConfig(steps=40, hidden=16, batch_size=64)
+
+    def member(losses=None):
+        return train_member(batch, config, 0, "cpu", [], tqdm(disable=True), losses=losses)
+
+    def value_loss_too(critic, target, sample, tau):  # value_loss in other words
+        u = target.q(sample["obs"], sample["act"]).detach() - critic.v(sample["obs"])
+        return (torch.abs(tau - (u < 0).double()) * u * u).mean()
+
+    def q_loss_too(critic, sample, gamma):
+        y = td_target(critic, sample, gamma)
+        return sum(((q - y) ** 2).mean() for q in critic.q_pair(sample["obs"], sample["act"]))
+
+    shipped, same = member(), member((value_loss_too, q_loss_too))
+    assert all(p.dtype == torch.float64 for p in shipped.parameters())
+    for key, value in shipped.state_dict().items():
+        torch.testing.assert_close(same.state_dict()[key], value, atol=1e-9, rtol=0)
+    other = member((value_loss_too, lambda critic, sample, gamma: q_loss(critic, sample, 0.5)))
+    with torch.no_grad():
+        assert not torch.allclose(other.q(batch["obs"], batch["act"]), shipped.q(batch["obs"], batch["act"]))
 
 
 def test_bad_critic_settings_are_refused():

@@ -590,6 +590,25 @@ def test_06_expectile_loss_agrees_with_ttlib_and_is_minimised_at_the_expectile()
         assert abs(float(best) - mid) <= 0.0005 + 1e-9, (tau, float(best), mid)
 
 
+def test_06_td_target_and_iql_losses_train_ttlibs_member():
+    """The notebook's TD target is ttlib's, and its two losses train ttlib's critic member in float64."""
+    from tqdm.auto import tqdm
+
+    from ttlib import data as ttdata
+
+    ns = solutions(COURSE_NOTEBOOKS[6])
+    batch = {key: value[::20].double() for key, value in critic.transitions(ttdata.load(progress=False)).items()}
+    config = critic.CriticConfig(steps=30, hidden=32, batch_size=128)
+    torch.manual_seed(0)
+    member = critic.CriticMember(batch["obs"].shape[1], batch["act"].shape[1], 32).double()
+    checks.check_close(ns["td_target"](member, batch, 0.9), critic.td_target(member, batch, 0.9), "TD target",
+                       atol=1e-12)
+    yours, ttlibs = (critic.train_member(batch, config, 0, "cpu", [], tqdm(disable=True), losses=losses)
+                     for losses in [(ns["value_loss"], ns["q_loss"]), None])
+    for key, value in ttlibs.state_dict().items():
+        checks.check_close(yours.state_dict()[key], value, key, atol=1e-9)
+
+
 def test_05_beam_search_makes_beam_plans_plan():
     """The notebook's search loop (with its own sampler, score and selection) makes beam_plan's plan in float64,
     on either decoder, for random models and settings."""
@@ -658,6 +677,31 @@ def test_07_vector_rollout_plays_evaluates_episodes():
         envs.close()
     np.testing.assert_array_equal([lengths[s] for s in seeds], expected.lengths)
     np.testing.assert_array_equal([returns[s] for s in seeds], expected.returns)
+
+
+def test_07_the_exercise_loop_plays_evaluates_episodes():
+    """The loop the exercise checks learners against (ttlib.exercises.rollouts) plays rollout.evaluate's episodes,
+    in float64, on 3 environments for 7 seeds with autoresets."""
+    from ttlib.exercises import Pieces
+    from ttlib.exercises.rollouts import ROLLOUT_PLANNER, course, rollout_loop, tiny_model, trial_envs
+
+    tok, env_id, env_kwargs = course()
+    torch.manual_seed(0)
+    model, seeds = tiny_model(tok), list(range(7))
+    expected = rollout.evaluate(model, tok, env_id, seeds, ROLLOUT_PLANNER, env_kwargs=env_kwargs, max_steps=12,
+                                progress=False)
+    schedule = [seeds[e::3] for e in range(3)]
+    envs = trial_envs(schedule, [12] * 3)
+    try:
+        returns, lengths = rollout_loop.reference["vector_rollout"](model, tok, envs, schedule, ROLLOUT_PLANNER)
+    finally:
+        envs.close()
+    np.testing.assert_array_equal([lengths[s] for s in seeds], expected.lengths)
+    np.testing.assert_array_equal([returns[s] for s in seeds], expected.returns)
+    outputs = rollout_loop.outcome(Pieces(rollout_loop.reference, "ttlib"), (model, schedule, [12] * 3)).outputs
+    assert str(outputs["step 13: the episodes planned for"]) == "none"  # every environment autoresets
+    assert str(outputs["step 14: the episodes planned for"]) == "seed 3 at its step 0, seed 4 at its step 0, " \
+                                                                 "seed 5 at its step 0"
 
 
 def test_07_build_prefix_agrees_with_contexts():

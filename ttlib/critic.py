@@ -26,8 +26,8 @@ import torch.nn as nn
 if TYPE_CHECKING:
     from . import data as ttdata
 
-__all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_loss", "train_critic", "transitions",
-           "critic_payload", "critic_from_payload"]
+__all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_loss", "td_target", "value_loss",
+           "q_loss", "train_critic", "transitions", "critic_payload", "critic_from_payload"]
 
 
 class CriticError(ValueError):
@@ -116,6 +116,27 @@ def expectile_loss(diff: torch.Tensor, tau: float) -> torch.Tensor:
     return (weight * diff**2).mean()
 
 
+def td_target(critic: CriticMember, batch: dict, gamma: float) -> torch.Tensor:
+    """(B,) r + gamma * (1 - done) * V(s'): what both Q networks regress on. Computed without gradient: V learns
+    from its own loss only, never from being a target."""
+    with torch.no_grad():
+        return batch["reward"] + gamma * (1 - batch["done"]) * critic.v(batch["next_obs"])  # (B,)
+
+
+def value_loss(critic: CriticMember, target: CriticMember, batch: dict, tau: float) -> torch.Tensor:
+    """V's loss: the expectile regression of V(s) on the target networks' Q(s, a) (the smaller of their two)."""
+    with torch.no_grad():
+        q = target.q(batch["obs"], batch["act"])  # (B,)
+    return expectile_loss(q - critic.v(batch["obs"]), tau)
+
+
+def q_loss(critic: CriticMember, batch: dict, gamma: float) -> torch.Tensor:
+    """Both Q networks' loss: each one's mean squared error against the TD target, the two added."""
+    y = td_target(critic, batch, gamma)  # (B,)
+    q1, q2 = critic.q_pair(batch["obs"], batch["act"])  # (B,) each
+    return ((q1 - y) ** 2).mean() + ((q2 - y) ** 2).mean()
+
+
 def transitions(data: ttdata.OfflineDataset) -> dict[str, torch.Tensor]:
     """Every (s, a, r, s', done) of the dataset as float32 tensors. The last step of an episode cut short by a
     time limit has no next observation in the data (Minari's final one is dropped), so it is left out."""
@@ -156,16 +177,19 @@ def train_critic(data: ttdata.OfflineDataset, config: CriticConfig | None = None
     return critic.eval(), history
 
 
-def train_member(batch: dict, config: CriticConfig, index: int, device: str, history: list, bar) -> CriticMember:
-    """Member `index` of a Critic, trained from seed `config.seed + index` on the transitions in `batch`;
-    appends to `history`, advances the progress `bar` by a step per step."""
+def train_member(batch: dict, config: CriticConfig, index: int, device: str, history: list, bar, *,
+                 losses=None) -> CriticMember:
+    """Member `index` of a Critic, trained from seed `config.seed + index` on the transitions in `batch` (in their
+    dtype); appends to `history`, advances the progress `bar` by a step per step. `losses`: (value_loss, q_loss)
+    to train with in place of this module's (notebook 06 trains with the learner's)."""
+    loss_of_v, loss_of_q = losses or (value_loss, q_loss)
     seed = config.seed + index
     torch.manual_seed(seed)
     obs_dim, act_dim = batch["obs"].shape[1], batch["act"].shape[1]
-    critic = CriticMember(obs_dim, act_dim, config.hidden)
+    critic = CriticMember(obs_dim, act_dim, config.hidden).to(batch["obs"].dtype)
     critic.obs_mean.copy_(batch["obs"].mean(0))
     critic.obs_std.copy_(batch["obs"].std(0) + 1e-6)
-    target = CriticMember(obs_dim, act_dim, config.hidden)
+    target = CriticMember(obs_dim, act_dim, config.hidden).to(batch["obs"].dtype)
     target.load_state_dict(critic.state_dict())
     critic, target = critic.to(device), target.to(device)
     q_params = [*critic.q1.parameters(), *critic.q2.parameters()]
@@ -176,21 +200,16 @@ def train_member(batch: dict, config: CriticConfig, index: int, device: str, his
                   ] if config.cosine else []
     for step in range(config.steps):
         i = torch.randint(0, len(batch["obs"]), (config.batch_size,), generator=generator, device=device)
-        obs, act, reward, next_obs, done = (batch[key][i] for key in ("obs", "act", "reward", "next_obs", "done"))
+        sample = {key: batch[key][i] for key in ("obs", "act", "reward", "next_obs", "done")}
 
-        with torch.no_grad():
-            q_target = target.q(obs, act)  # (B,)
-        v_loss = expectile_loss(q_target - critic.v(obs), config.expectile)
+        v_loss = loss_of_v(critic, target, sample, config.expectile)
         v_optimizer.zero_grad(set_to_none=True)
         v_loss.backward()
         v_optimizer.step()
 
-        with torch.no_grad():
-            td_target = reward + config.gamma * (1 - done) * critic.v(next_obs)  # (B,)
-        q1, q2 = critic.q_pair(obs, act)
-        q_loss = ((q1 - td_target) ** 2).mean() + ((q2 - td_target) ** 2).mean()
+        both_q_loss = loss_of_q(critic, sample, config.gamma)
         q_optimizer.zero_grad(set_to_none=True)
-        q_loss.backward()
+        both_q_loss.backward()
         q_optimizer.step()
 
         for scheduler in schedulers:
@@ -199,7 +218,7 @@ def train_member(batch: dict, config: CriticConfig, index: int, device: str, his
             for p, p_target in zip(q_params, [*target.q1.parameters(), *target.q2.parameters()], strict=True):
                 p_target.lerp_(p, config.target_rate)
         if step % 1000 == 0 or step == config.steps - 1:
-            history.append({"member": index, "step": step, "v_loss": v_loss.item(), "q_loss": q_loss.item()})
+            history.append({"member": index, "step": step, "v_loss": v_loss.item(), "q_loss": both_q_loss.item()})
         bar.update(1)
     return critic.cpu()
 

@@ -1,17 +1,30 @@
 """Wrong answers to notebook 07's exercises (see tests/test_exercises.py for the format)."""
 
-REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
+import json
+from pathlib import Path
+
+REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exercises.refuse)
+
+
+def solution(grade_id: str) -> str:
+    """The notebook's solution cell, for answers that change it in more than one place."""
+    cells = json.loads((Path(__file__).parents[2] / "notebooks" / "07_vectorized_rollouts.ipynb").read_text())["cells"]
+    (cell,) = [c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id]
+    return "".join(cell["source"])
+
 
 ANSWERS = [
     # exercise 1: a transition's tokens, the batched prefix
     ("07-contexts", "the value token keeps the bin of value 0.0 instead of bin 0",
-     ("    bins[tok.value_dim] = 0  # never attended to: any bin would do, 0 is the convention\n", "")),
+     ("    bins[tok.value_dim] = 0  # never attended to: any bin would do, 0 is the convention\n", ""),
+     "the value token keeps the bin"),
     ("07-contexts", "the last context transitions, one too many", ("min(len(past), context - 1)",
-                                                                   "min(len(past), context)")),
+                                                                   "min(len(past), context)"), "one too many"),
     ("07-contexts", "h[-(context - 1):] keeps the whole history when context is 1",
-     ("past[len(past) - min(len(past), context - 1):]", "past[-(context - 1):]")),
+     ("past[len(past) - min(len(past), context - 1):]", "past[-(context - 1):]"), "with context 1"),
     ("07-contexts", "the observation before the history", ("np.concatenate([*recent, obs])",
-                                                            "np.concatenate([obs, *recent])")),
+                                                            "np.concatenate([obs, *recent])"),
+     "the observation comes before the history"),
     ("07-contexts", "delegates to rollout.Contexts", '''def encode_transition(tok, obs, action, reward):
     contexts = rollout.Contexts(tok, 1, 1)
     contexts.append(0, obs, action, reward)
@@ -23,6 +36,17 @@ def build_prefix(history, obs_bins, context):
     contexts.history = [list(h) for h in history]
     return contexts.prefix(range(len(history)), tok.decode(obs_bins, slice(0, tok.obs_dim)))
 ''', REFUSED),
+    # new: the history newest first
+    ("07-contexts", "the history in reverse order", ("np.concatenate([*recent, obs])",
+                                                      "np.concatenate([*recent[::-1], obs])"),
+     "the history is in reverse order"),
+    # new: the first transitions of the history, not the last
+    ("07-contexts", "the first context - 1 transitions", ("past[len(past) - min(len(past), context - 1):]",
+                                                           "past[:min(len(past), context - 1)]"),
+     "the *first* transitions of the history"),
+    # new, no diagnosis: a numpy array instead of a long tensor -- the message says where it first differs
+    ("07-contexts", "the prefix as a numpy array", ("return torch.as_tensor(np.stack(rows), dtype=torch.long)",
+                                                    "return np.stack(rows)"), "its type and dtype: expected Tensor"),
     ("07-contexts", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.checks
 
 for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]:
@@ -35,17 +59,19 @@ def encode_transition(tok, obs, action, reward):
 
 def build_prefix(history, obs_bins, context):
     raise NotImplementedError()
-'''),
+''', "not implemented yet"),
     # exercise 2: one planning call
     ("07-plan-actions", "random keys from the place in the batch, not the episode's seed",
      ("rollout.step_key(s, t) for s, t in zip(seeds, steps, strict=True)",
-      "rollout.step_key(i, t) for i, t in enumerate(steps)")),
-    ("07-plan-actions", "seed and step swapped in the key", ("rollout.step_key(s, t)", "rollout.step_key(t, s)")),
+      "rollout.step_key(i, t) for i, t in enumerate(steps)"), "places in the batch"),
+    ("07-plan-actions", "seed and step swapped in the key", ("rollout.step_key(s, t)", "rollout.step_key(t, s)"),
+     "seed and step are swapped"),
     ("07-plan-actions", "the last action of the plan, not the first", ("plan.actions[:, 0].numpy()",
-                                                                       "plan.actions[:, -1].numpy()")),
+                                                                       "plan.actions[:, -1].numpy()"),
+     "the *last* action of every plan"),
     ("07-plan-actions", "the history left out of the prefix",
      ("build_prefix([history[i] for i in group], obs_bins[group], planner.context)",
-      "build_prefix([[] for i in group], obs_bins[group], planner.context)")),
+      "build_prefix([[] for i in group], obs_bins[group], planner.context)"), "the history is left out"),
     ("07-plan-actions", "one call for prefixes of different lengths",
      '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
     obs_bins = tok.encode(observations, slice(0, tok.obs_dim), on_clip="ignore")
@@ -53,7 +79,7 @@ def build_prefix(history, obs_bins, context):
     keys = torch.tensor([rollout.step_key(s, t) for s, t in zip(seeds, steps, strict=True)], dtype=torch.int64)
     plan = planning.beam_plan(model, tok, prefix.to(model.pos_emb.device), keys, planner, buffers)
     return plan.actions[:, 0].numpy()
-'''),
+''', "prefixes of different lengths go into one call"),
     ("07-plan-actions", "one beam_plan call per environment",
      '''def plan_actions(model, tok, planner, history, observations, seeds, steps, buffers=None):
     actions = []
@@ -80,22 +106,37 @@ def build_prefix(history, obs_bins, context):
     # exercise 3: the loop
     ("07-vector-rollout", "the autoreset step counted as a real transition",
      ("np.flatnonzero(~autoreset & (episode < n_scheduled))", "np.flatnonzero(episode < n_scheduled)"),
-     "episode lengths"),
+     "an autoreset step is counted as a transition"),
     ("07-vector-rollout", "the return not reset for the new episode",
-     ("ep_return[e], ep_length[e], history[e] = 0.0, 0, []", "ep_length[e], history[e] = 0, []"), "returns"),
+     ("ep_return[e], ep_length[e], history[e] = 0.0, 0, []", "ep_length[e], history[e] = 0, []"),
+     "the return is not reset"),
     ("07-vector-rollout", "the context not cleared for the new episode",
-     ("ep_return[e], ep_length[e], history[e] = 0.0, 0, []", "ep_return[e], ep_length[e] = 0.0, 0")),
+     ("ep_return[e], ep_length[e], history[e] = 0.0, 0, []", "ep_return[e], ep_length[e] = 0.0, 0"),
+     "the history is not cleared"),
     ("07-vector-rollout", "random keys from the environment's index, not the episode's seed",
-     ("seeds = [schedule[e][episode[e]] for e in active]", "seeds = list(active)")),
+     ("seeds = [schedule[e][episode[e]] for e in active]", "seeds = list(active)"), "the environment's index"),
     ("07-vector-rollout", "the progress bar moved per finished episode, not per step",
-     ("bar.update(len(active))", "bar.update(int((terminated | truncated)[active].sum()))"), "progress bar"),
+     ("bar.update(len(active))", "bar.update(int((terminated | truncated)[active].sum()))"),
+     "the progress bar moves per finished episode"),
     ("07-vector-rollout", "delegates to rollout.evaluate",
      '''def vector_rollout(model, tok, envs, schedule, planner, bar=None):
     seeds = [seed for seeds in schedule for seed in seeds]
-    result = rollout.evaluate(model, tok, info["env_id"], seeds, planner, env_kwargs=info["env_kwargs"],
-                              max_steps=envs.envs[0].spec.max_episode_steps, progress=False)
+    spec = envs.envs[0].spec
+    result = rollout.evaluate(model, tok, spec.id, seeds, planner, max_steps=spec.max_episode_steps, progress=False)
     if bar is not None:
         bar.update(int(result.lengths.sum()))
     return dict(zip(seeds, result.returns.tolist())), dict(zip(seeds, result.lengths.tolist()))
 ''', REFUSED),
+    # new: the key's step counted from the start of the loop, not of the episode
+    ("07-vector-rollout", "the key's step is the loop's step count",
+     solution("07-vector-rollout").replace("    while (episode < n_scheduled).any():\n",
+                                           "    t = -1\n    while (episode < n_scheduled).any():\n        t += 1\n")
+     .replace("ep_length[active], buffers)", "np.full(len(active), t), buffers)"), "the loop's step count"),
+    # new: stops when the first environment is done
+    ("07-vector-rollout", "stops when one environment has played its schedule",
+     ("while (episode < n_scheduled).any():", "while (episode < n_scheduled).all():"),
+     "stops as soon as one environment has played its schedule"),
+    # new, no diagnosis: the observations never move on -- the message names the step where it first differs
+    ("07-vector-rollout", "the next observation never taken", ("        obs = next_obs\n", ""),
+     "the actions sent to the environments that play"),
 ]

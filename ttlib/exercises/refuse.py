@@ -126,6 +126,9 @@ def _library_roots() -> tuple[str, ...]:
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
     roots.update(sysconfig.get_paths().values())
     roots.update(getattr(site, "getsitepackages", lambda: [])())
+    roots.add(getattr(site, "getusersitepackages", lambda: "")())  # pip install --user
+    # packages another environment lends this one (a .pth file, a virtualenv's system site packages)
+    roots.update(p for p in sys.path if os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages"))
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 
