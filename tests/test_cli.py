@@ -113,7 +113,7 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     with_critic = str(tmp_path / "with_critic.pt")
     result = ttlib("train-critic", "--checkpoint", ckpt, "--steps", "20", "--out", with_critic)
     assert result.returncode == 0, result.stderr
-    assert "critic trained 3 x 20 steps" in result.stdout
+    assert "critic trained 3 x 20 steps" in result.stdout and "no validation" in result.stdout
     result = ttlib("evaluate", "--checkpoint", with_critic, "--episodes", "2", "--max-steps", "5", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)

@@ -127,6 +127,26 @@ def test_bad_critic_settings_are_refused():
         CriticConfig(expectile=1.0).validate()
     with pytest.raises(CriticError, match="steps must be >= 1"):
         CriticConfig(steps=0).validate()
+    with pytest.raises(CriticError, match=r"val_fraction must be in \[0, 1\)"):
+        CriticConfig(val_fraction=1.0).validate()
+
+
+def test_a_held_out_td_loss_on_the_episodes_the_model_validated_on(course_data):
+    from ttlib.critic import held_out, td_loss
+    from ttlib.train import split_episodes
+
+    config = CriticConfig(steps=1001, members=1, hidden=16, val_fraction=0.05)
+    learn, validation = held_out(course_data, config)
+    train_episodes, val_episodes = split_episodes(course_data, 0.05, 0)  # the Trajectory GPT's, by default
+    assert learn.n_episodes == len(train_episodes) and learn.observations[0] is course_data.observations[
+        train_episodes[0]]
+    assert len(validation["obs"]) == len(transitions(subset(course_data, val_episodes))["obs"])
+    assert held_out(course_data, CriticConfig())[1] is None  # by default the critic learns from every episode
+    critic, history = train_critic(course_data, config, progress=False)
+    assert [row["step"] for row in history] == [0, 1000]
+    for row in history:  # both measured on whole sets, with the training loss's formula
+        assert row["val_td_loss"] > 0 and row["train_td_loss"] > 0
+    assert history[-1]["val_td_loss"] == pytest.approx(td_loss(critic.members[0], validation, config.gamma))
 
 
 def critic_for(tokenizer, seed=0):

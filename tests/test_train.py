@@ -124,3 +124,15 @@ def test_the_shipped_checkpoint_loads_and_fits_the_course_dataset():
     assert payload["dataset"]["id"] == ttdata.DEFAULT_DATASET
     assert payload["history"][-1]["val_loss"] < 0.6 * payload["history"][0]["val_loss"]
     assert tokenizer.n_bins == 100 and tokenizer.strategy == "quantile"
+
+
+def test_the_defaults_fitted_to_the_course_data_are_the_shipped_runs_settings(course_data):
+    """`ttlib train` with no options trains as the shipped checkpoint was trained: the steps and evaluations fitted
+    to the course dataset are the 5400 and 250 it had, and every other setting is unchanged."""
+    from ttlib.train import default_checkpoint, fit_recipe, split_episodes
+
+    train_episodes, _ = split_episodes(course_data, 0.05, 0)
+    fitted, note = fit_recipe(TrainConfig(), sum(len(course_data.rewards[i]) for i in train_episodes))
+    assert "5400 steps (the course recipe's" in note
+    shipped = TrainConfig.from_settings(read_checkpoint(default_checkpoint())["train_config"]).settings()
+    assert {**fitted.settings(), "device": shipped["device"]} == shipped

@@ -5,6 +5,7 @@
     ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
     ttlib train --model dt --out runs/dt.pt [--export assets/dt_lunarlander.pt]
     ttlib evaluate [--checkpoint PATH] --episodes 10 [--env ENV_ID] [--workers K [--central] [--address HOST:PORT]]
+                   [--which last]               the last step's model, not the best evaluation's
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
     ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
@@ -65,18 +66,25 @@ def _cmd_train(args):
     config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
     result = train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
-    _trained(args, f"trained {config.steps} steps: train loss {last['train_loss']:.3f}, validation loss "
-             f"{last['val_loss']:.3f}, {result.tokens_per_second:,.0f} tokens/s; checkpoint {args.out}")
+    _trained(args, result, f"train loss {last['train_loss']:.3f}, validation loss {last['val_loss']:.3f} at the last "
+             f"step, {result.tokens_per_second:,.0f} tokens/s", result.config)
 
 
-def _trained(args, summary: str) -> None:
-    """Say how training went, and write the slim copy --export asks for."""
-    from .train import export_checkpoint
+def _trained(args, result, losses: str, config) -> None:
+    """Say how training went (how far, the last losses, the model kept, overfitting), and write the slim copy
+    --export asks for."""
+    from .train import best_line, export_checkpoint, overfitting
 
-    print(summary)
+    history = result.history
+    ran = history[-1]["step"] + 1
+    how_far = f"{ran} of {config.steps} steps (stopped early: --early-stop {config.early_stop})" \
+        if ran < config.steps else f"{ran} steps"
+    print(f"trained {how_far}: {losses}; checkpoint {args.out}")
     if args.export:
-        export_checkpoint(args.out, args.export)
-        print(f"slim copy for shipping: {args.export}")
+        export_checkpoint(args.out, args.export, which=args.which)
+        print(f"slim copy for shipping ({args.which} model): {args.export}")
+    warning = overfitting(history)
+    print(best_line(result.best, history) + (f". {warning[0].upper()}{warning[1:]}" if warning else ""))
 
 
 def _resumed_config(args, config_class, kind: str) -> dict:
@@ -108,16 +116,23 @@ def _cmd_train_dt(args):
     config = dt.DTTrainConfig.from_settings({**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
     result = dt.train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
-    _trained(args, f"trained a Decision Transformer {config.steps} steps in {result.seconds:.0f} s: train loss "
-             f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f}; checkpoint {args.out}")
+    _trained(args, result, f"a Decision Transformer in {result.seconds:.0f} s, train loss "
+             f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f} at the last step", config)
+
+
+def _weights_words(info: dict) -> str:
+    """"the best model, step 500" -- which of a checkpoint's models was loaded (ttlib.train.weights_info)."""
+    step = f", step {info['step']}" if info.get("step") is not None else ""
+    return f"the {info['which']} model{step}"
 
 
 def _cmd_evaluate_dt(args):
     from . import dt
+    from .train import weights_info
 
     if args.checkpoint is None:
         args.checkpoint = dt.default_checkpoint(dt.COURSE_CHECKPOINT)
-    model, payload = dt.load_checkpoint(args.checkpoint, device=args.device)
+    model, payload = dt.load_checkpoint(args.checkpoint, device=args.device, which=args.which)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)
     target = args.target_return if args.target_return is not None else dt.default_target(info)
@@ -128,7 +143,8 @@ def _cmd_evaluate_dt(args):
     report = {"model": "dt", "target_return": target, **result.return_stats(),
               "returns": result.returns.tolist(), "steps": result.steps, "seconds": result.seconds,
               "dataset_mean_return": info["mean_return"],
-              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert")}
+              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
+              "weights": weights_info(payload, args.which)}
     if args.video:
         from .rollout import save_video
 
@@ -136,7 +152,8 @@ def _cmd_evaluate_dt(args):
     if args.json:
         print(json.dumps(report))
         return
-    print(f"Decision Transformer, target return {target:.1f}: {result.summary()}")
+    print(f"Decision Transformer ({_weights_words(report['weights'])}), target return {target:.1f}: "
+          f"{result.summary()}")
     print(f"dataset mean return {info['mean_return']:.1f}, scripted expert {report['expert_mean_return']}")
 
 
@@ -207,7 +224,7 @@ def _check_distributed_args(args):
 
 def _cmd_evaluate(args):
     from .rollout import check_episodes, evaluate, save_video
-    from .train import default_checkpoint, load_checkpoint, load_critic
+    from .train import default_checkpoint, load_checkpoint, load_critic, weights_info
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
     if _is_dt(args):
@@ -219,7 +236,7 @@ def _cmd_evaluate(args):
         raise ValueError("--target-return is for Decision Transformer checkpoints (--model dt)")
     _check_distributed_args(args)
     path = args.checkpoint or default_checkpoint()
-    model, tokenizer, payload = load_checkpoint(path, device=args.device)
+    model, tokenizer, payload = load_checkpoint(path, device=args.device, which=args.which)
     critic = load_critic(path, device=args.device, payload=payload)
     planner = _planner_from(args, critic)
     info = payload["dataset"]
@@ -239,7 +256,8 @@ def _cmd_evaluate(args):
     report = {**result.return_stats(), "returns": result.returns.tolist(), "steps": result.steps,
               "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
               "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
-              "clipped_observations": result.clipped_observations, "planner": dataclasses.asdict(planner)}
+              "clipped_observations": result.clipped_observations, "planner": dataclasses.asdict(planner),
+              "weights": weights_info(payload, args.which)}
     if args.workers is not None:
         report.update(workers=result.workers, layout=result.layout, actor_deaths=result.actor_deaths)
     if info.get("ref_min_score") is not None and info.get("ref_max_score") is not None:
@@ -251,7 +269,7 @@ def _cmd_evaluate(args):
     if args.json:
         print(json.dumps(report))
         return
-    print(result.summary())
+    print(f"{_weights_words(report['weights'])}: {result.summary()}")
     if planner.value == "token" and critic is None:
         print("planned with the value token: this checkpoint has no critic (`ttlib train-critic` adds one)")
     print(f"dataset mean return {info['mean_return']:.1f}", end="")
@@ -368,15 +386,27 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a Trajectory GPT")
     p.add_argument("--out", required=True, help="checkpoint path (written during training too)")
     p.add_argument("--resume", help="continue from this checkpoint")
-    p.add_argument("--export", help="also write a slim copy (no optimiser state) here")
+    p.add_argument("--export", help="also write a slim copy (one model, no optimiser state) here")
+    _which_arg(p, "the model --export copies")
     p.add_argument("--model", choices=["tt", "dt"], default="tt", help="Trajectory GPT or Decision Transformer")
     p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
     p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
     p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
+    explain = {"early_stop": "stop after this many evaluations in a row more than 1%% above the best validation "
+                             "loss (default 0: never)",
+               "steps": "default: fitted to the dataset's size (said when training starts); --model dt: 1000",
+               "eval_every": "default: fitted to the dataset's size; --model dt: 250"}
     for name, default in TrainConfig().settings().items():  # the model's settings among them (--n-layer, ...)
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=None,
-                       help=f"default {default}")
+        fitted = default is None  # left to the data (train.fit_recipe)
+        default_is = "default: fitted to the dataset's size" if fitted else f"default {default}"
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if fitted else type(default), default=None,
+                       help=explain.get(name, default_is))
     p.set_defaults(func=_cmd_train)
+
+
+def _which_arg(p, what: str) -> None:
+    p.add_argument("--which", choices=["best", "last"], default="best", help=f"{what}: the best evaluation's "
+                   "(default) or the last step's")
 
 
 def _add_train_critic(sub) -> None:
@@ -385,7 +415,7 @@ def _add_train_critic(sub) -> None:
     p = sub.add_parser("train-critic", help="add a Q critic (IQL) to a Trajectory GPT checkpoint, for the planner")
     p.add_argument("--checkpoint", required=True, help="Trajectory GPT checkpoint; the critic is written into it")
     p.add_argument("--out", help="write the checkpoint with its critic here instead (default: in place)")
-    for name in ("expectile", "steps", "members", "batch_size", "learning_rate", "hidden", "seed"):
+    for name in ("expectile", "steps", "members", "batch_size", "learning_rate", "hidden", "seed", "val_fraction"):
         default = getattr(CriticConfig(), name)
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default,
                        help=f"default {default}")
@@ -400,12 +430,20 @@ def _cmd_train_critic(args):
 
     config = CriticConfig(expectile=args.expectile, steps=args.steps, members=args.members,  # gamma: the checkpoint's
                           batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
-                          seed=args.seed)
+                          seed=args.seed, val_fraction=args.val_fraction)
     t0 = time.perf_counter()
     _, history = add_critic(args.checkpoint, config, out=args.out)
     last = history[-1]
     print(f"critic trained {config.members} x {config.steps} steps in {time.perf_counter() - t0:.0f} s: V loss "
           f"{last['v_loss']:.2f}, Q loss {last['q_loss']:.2f}; checkpoint {args.out or args.checkpoint}")
+    ends = [row for row in history if row["step"] == config.steps - 1 and "val_td_loss" in row]
+    if ends:
+        held, fitted = (sum(row[key] for row in ends) / len(ends) for key in ("val_td_loss", "train_td_loss"))
+        print(f"TD loss on the held-out episodes {held:.2f}, on as many training transitions {fitted:.2f} "
+              f"({held / fitted:.1f}x; members' mean at the last step)")
+    else:
+        print("no validation: the critic learnt from every episode (--val-fraction 0.05 holds some out to measure "
+              "a TD loss on)")
 
 
 def _add_evaluate(sub) -> None:
@@ -425,6 +463,7 @@ def _add_evaluate(sub) -> None:
                    "local one)")
     _planner_args(p)
     p.add_argument("--device", default="auto")
+    _which_arg(p, "the checkpoint's model to play")
     p.add_argument("--video", help="save the first episode as a GIF/MP4 here")
     p.add_argument("--json", action="store_true")
     p.add_argument("--model", choices=["tt", "dt"], default=None, help="default: the checkpoint's kind (tt if none)")

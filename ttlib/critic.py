@@ -46,6 +46,7 @@ class CriticConfig:
     seed: int = 0  # initialisation and batch sampling
     cosine: bool = True  # decay both learning rates to 0 along a cosine
     members: int = 3  # critics trained from seeds seed, seed+1, ...; the planner uses their mean
+    val_fraction: float = 0.0  # share of episodes held out to measure a TD loss on (0: learn from all of them)
 
     def validate(self) -> None:
         if not 0 < self.expectile < 1:
@@ -57,6 +58,8 @@ class CriticConfig:
                 raise CriticError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.target_rate <= 1:
             raise CriticError(f"target_rate must be in (0, 1], got {self.target_rate}")
+        if not 0 <= self.val_fraction < 1:
+            raise CriticError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
 
 
 def mlp(n_in: int, hidden: int) -> nn.Sequential:
@@ -152,36 +155,63 @@ def transitions(data: ttdata.OfflineDataset) -> dict[str, torch.Tensor]:
     return {key: torch.as_tensor(np.concatenate(value), dtype=torch.float32) for key, value in parts.items()}
 
 
+def td_loss(critic: CriticMember, batch: dict, gamma: float) -> float:
+    """The Q networks' temporal-difference loss on every transition in `batch` (the training loss's formula)."""
+    with torch.no_grad():
+        return q_loss(critic, batch, gamma).item()
+
+
+def held_out(data: ttdata.OfflineDataset, config: CriticConfig) -> tuple[ttdata.OfflineDataset, dict | None]:
+    """-> (the episodes to learn from, the transitions of the held-out ones or None). The episodes are split as
+    the Trajectory GPT's are (ttlib.train.split_episodes): with the same seed and share, the same ones."""
+    if config.val_fraction == 0:
+        return data, None
+    from .train import split_episodes, subset
+
+    train_episodes, val_episodes = split_episodes(data, config.val_fraction, config.seed)
+    return subset(data, train_episodes), transitions(subset(data, val_episodes))
+
+
 def train_critic(data: ttdata.OfflineDataset, config: CriticConfig | None = None, progress: bool = True,
                  device: str = "cpu") -> tuple[Critic, list[dict]]:
     """Fit a Critic (`config.members` of them, one after the other) to the dataset by implicit Q-learning.
     Returns it (eval mode, on the CPU) and its history (every 1000 steps of every member: member, step, v_loss,
-    q_loss, seconds since the start)."""
+    q_loss, seconds since the start; with config.val_fraction, also the TD loss on the held-out episodes'
+    transitions, val_td_loss, and on as many of the training ones, train_td_loss).
+
+    The held-out TD loss says whether the critic generalises (compare it with the training one at the same step),
+    not which step was best: the values grow as training goes, and their errors with them, so the lowest would
+    point at an undertrained critic. The critic of the last step is kept."""
     from tqdm.auto import tqdm
 
     config = config or CriticConfig()
     config.validate()
+    data, validation = held_out(data, config)
     batch = transitions(data)
     if len(batch["obs"]) == 0:
         raise CriticError("the dataset holds no transitions to learn from")
     batch = {key: value.to(device) for key, value in batch.items()}
+    if validation is not None:
+        validation = {key: value.to(device) for key, value in validation.items()}
     critic = Critic(data.obs_dim, data.act_dim, config.hidden, config.members)
     history, start = [], time.perf_counter()
     with tqdm(total=config.steps * config.members, desc="critic (IQL)", disable=not progress,
               mininterval=1.0) as bar:
         for index in range(config.members):
-            critic.members[index].load_state_dict(train_member(batch, config, index, device, history, bar).state_dict())
+            member = train_member(batch, config, index, device, history, bar, validation)
+            critic.members[index].load_state_dict(member.state_dict())
     history[-1]["seconds"] = time.perf_counter() - start
     if not np.isfinite([history[-1]["v_loss"], history[-1]["q_loss"]]).all():
         raise CriticError("the critic's training diverged (non-finite loss); lower its learning rate")
     return critic.eval(), history
 
 
-def train_member(batch: dict, config: CriticConfig, index: int, device: str, history: list, bar, *,
-                 losses=None) -> CriticMember:
+def train_member(batch: dict, config: CriticConfig, index: int, device: str, history: list, bar,
+                 validation: dict | None = None, *, losses=None) -> CriticMember:
     """Member `index` of a Critic, trained from seed `config.seed + index` on the transitions in `batch` (in their
-    dtype); appends to `history`, advances the progress `bar` by a step per step. `losses`: (value_loss, q_loss)
-    to train with in place of this module's (notebook 06 trains with the learner's)."""
+    dtype); appends to `history` (with TD losses on `validation` and on as many training transitions, if given),
+    advances the progress `bar` by a step per step. `losses`: (value_loss, q_loss) to train with in place of this
+    module's (notebook 06 trains with the learner's)."""
     loss_of_v, loss_of_q = losses or (value_loss, q_loss)
     seed = config.seed + index
     torch.manual_seed(seed)
@@ -196,6 +226,10 @@ def train_member(batch: dict, config: CriticConfig, index: int, device: str, his
     q_optimizer = torch.optim.Adam(q_params, lr=config.learning_rate)
     v_optimizer = torch.optim.Adam(critic.v_net.parameters(), lr=config.learning_rate)
     generator = torch.Generator(device=device).manual_seed(seed)
+    if validation is not None:  # a fixed sample of the training transitions, as many as the held-out ones
+        picked = torch.randperm(len(batch["obs"]), generator=torch.Generator().manual_seed(seed))
+        picked = picked[:len(validation["obs"])].to(device)
+        fitted = {key: value[picked] for key, value in batch.items()}
     schedulers = [torch.optim.lr_scheduler.CosineAnnealingLR(o, config.steps) for o in (q_optimizer, v_optimizer)
                   ] if config.cosine else []
     for step in range(config.steps):
@@ -219,6 +253,10 @@ def train_member(batch: dict, config: CriticConfig, index: int, device: str, his
                 p_target.lerp_(p, config.target_rate)
         if step % 1000 == 0 or step == config.steps - 1:
             history.append({"member": index, "step": step, "v_loss": v_loss.item(), "q_loss": both_q_loss.item()})
+            if validation is not None:
+                history[-1].update(val_td_loss=td_loss(critic, validation, config.gamma),
+                                   train_td_loss=td_loss(critic, fitted, config.gamma))
+                bar.set_postfix(td=f"{history[-1]['train_td_loss']:.2f}", held_out=f"{history[-1]['val_td_loss']:.2f}")
         bar.update(1)
     return critic.cpu()
 

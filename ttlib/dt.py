@@ -45,9 +45,11 @@ from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, che
 from .train import (
     CheckpointError,
     RunConfig,
+    checkpoint_weights,
     dataset_summary,
     default_checkpoint,
     fit,
+    keep_best,
     load_and_split,
     load_weights,
     pick_device,
@@ -230,16 +232,18 @@ class DTTrainConfig(RunConfig):
 
 @dataclass
 class DTTrainResult:
-    model: DecisionTransformer
+    model: DecisionTransformer  # with the best evaluation's weights (the checkpoint's model; ttlib.train.BestModel)
     history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss", "lr", "seconds"}
     tokens_per_second: float = 0.0  # training throughput (tokens processed per second)
     seconds: float = 0.0  # wall-clock training time
+    best: dict | None = None  # which evaluation's model was kept (BestModel.summary); None without validation
+    last_weights: dict | None = None  # the last step's state dict (on the CPU)
 
 
 def train(config: DTTrainConfig | None = None, out: str | None = None, resume: str | None = None,
           data: ttdata.OfflineDataset | None = None, progress: bool = True) -> DTTrainResult:
     """Train a Decision Transformer with ttlib.train's loop (schedule, clipping, validation, atomic checkpoints
-    at every evaluation, `resume` from one)."""
+    at every evaluation with the best model and the last state, `resume` from one). Returns the best model."""
     config = config or DTTrainConfig()
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
@@ -251,25 +255,27 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
     state, _ = start_training(model, config, resume, kind=KIND)
 
     train_windows, val_windows = Windows(train_data, config.model.context), Windows(val_data, config.model.context)
-    val_generator = torch.Generator().manual_seed(config.seed + 1)
     t0 = time.perf_counter()
     tokens_per_second = fit(
         model, None, config, state, dataset_summary(data),
         lambda: train_windows.sample(config.batch_size, state.generator, device),
-        (lambda: val_windows.sample(config.batch_size, val_generator, device)) if len(val_windows) else None,
+        (lambda: val_windows.sample(config.batch_size, state.val_generator, device)) if len(val_windows) else None,
         out=out, kind=KIND, tokens_per_step=config.batch_size * 3 * config.model.context, progress=progress)
-    return DTTrainResult(model, state.history, tokens_per_second, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    last_weights = keep_best(model, state)
+    return DTTrainResult(model, state.history, tokens_per_second, seconds, state.best_summary(), last_weights)
 
 
-def load_checkpoint(path: str | None = None, device: str = "auto"):
-    """-> (model in eval mode, payload). Without a path: the shipped course checkpoint."""
+def load_checkpoint(path: str | None = None, device: str = "auto", which: str = "best"):
+    """-> (model in eval mode, payload). Without a path: the shipped course checkpoint. which: "best" (the best
+    evaluation's model) or "last" (the last step's; see ttlib.train.checkpoint_weights)."""
     path = path or default_checkpoint(COURSE_CHECKPOINT)
     payload = read_checkpoint(path, kind=None)
     if payload.get("kind") != KIND:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, not a Decision Transformer: "
                               "evaluate it with ttlib.rollout.evaluate (`ttlib evaluate --model tt`)")
     model = DecisionTransformer(DTConfig(**payload["model_config"]))
-    load_weights(model, payload["model"], source=path)
+    load_weights(model, checkpoint_weights(payload, which), source=path)
     return model.to(pick_device(device)).eval(), payload
 
 

@@ -5,6 +5,12 @@ learning rate, gradient clipping, and a validation loss on held-out *episodes* e
 windows of `n_transitions` transitions cut from every episode (padded at episode ends, the padding masked out of
 the loss). A checkpoint holds everything needed to plan with the model again: weights, model config, tokenizer,
 and what we know of the dataset -- in one file, written to a temporary file and renamed into place.
+
+The best model, not the last. A model trained too long on little data learns its training episodes by heart: the
+validation loss bottoms out and climbs again. So a run keeps, beside its last state (which `resume` goes on
+from), the weights of its best evaluation, and that is the model a checkpoint hands out unless asked for the
+last (`which="last"`). A run also says when its validation loss has climbed well above its best and stayed there
+(`overfitting`), can stop early, and -- left to choose -- fits its length to the dataset's size (`fit_recipe`).
 """
 
 from __future__ import annotations
@@ -39,7 +45,15 @@ class TrainingError(ValueError):
 
 # Settings a resumed run may change: how long it runs, where, and how often it checks itself. Every other one
 # shapes the model, the data or the schedule, so a resumed run must keep the checkpoint's.
-RESUMABLE = ("steps", "device", "eval_every", "eval_batches")
+RESUMABLE = ("steps", "device", "eval_every", "eval_batches", "early_stop")
+
+# Which evaluation's model a run keeps, and when it warns. A validation loss is an estimate (eval_batches random
+# batches of held-out windows): on the course data it moves by about 1% from one evaluation to the next while the
+# model stands still, so losses within TIE of the lowest are a tie, which the later, longer-trained model wins.
+TIE = 0.01
+OVERFIT_MARGIN = 0.10  # overfitting: the validation loss more than 10% above its lowest ...
+OVERFIT_EVALS = 3  # ... for this many evaluations in a row
+WHICH = ("best", "last")  # the models a checkpoint holds: the best evaluation's, the last step's
 
 
 @dataclass
@@ -53,6 +67,7 @@ class RunConfig:
     eval_batches: int = 10  # batches per validation estimate
     seed: int = 0  # seeds the split, initial weights and batch order
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
+    early_stop: int = 0  # stop after this many evaluations in a row more than TIE above the lowest (0: never)
 
     def settings(self) -> dict:
         """Every setting in one flat dict, the model's among them: what command-line options and resume checks
@@ -86,7 +101,8 @@ class TrainConfig(RunConfig):
     gamma: float = 0.99  # discount of the value targets
     strategy: str = "quantile"  # bin placement: "quantile" or "uniform" (the model's n_bins bins per dimension)
     batch_size: int = 64  # windows per step
-    steps: int = 5400  # optimiser steps in total (about three passes over the course data)
+    steps: int | None = None  # optimiser steps in total; None: fitted to the data (fit_recipe; 5400 for the course's)
+    eval_every: int | None = None  # steps between validation losses; None: fitted (250 of 5400, in proportion)
     warmup_steps: int = 100  # linear warmup from 0 to lr
     weight_decay: float = 0.1  # AdamW decay on weight matrices
     grad_clip: float = 1.0  # clip the gradient's global norm to this
@@ -98,10 +114,13 @@ class TrainConfig(RunConfig):
 
 @dataclass
 class TrainResult:
-    model: TrajectoryGPT
+    model: TrajectoryGPT  # with the best evaluation's weights (the checkpoint's model; see BestModel)
     tokenizer: TrajectoryTokenizer
     history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss", "lr", "seconds"}
     tokens_per_second: float = 0.0  # training throughput (input tokens processed per second)
+    config: TrainConfig | None = None  # the settings the run had (fitted ones filled in)
+    best: dict | None = None  # which evaluation's model was kept (BestModel.summary); None without validation
+    last_weights: dict | None = None  # the last step's state dict (on the CPU)
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -116,6 +135,122 @@ def learning_rate(step: int, config: TrainConfig) -> float:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
     return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+# ---- a recipe that fits the data ----------------------------------------------------------------------------
+RECIPE_STEPS = 5400  # the course's run: 3.6 passes over its 97,330 training windows; the most a fitted run takes
+RECIPE_EVAL_EVERY = 250  # and its evaluations, every 250 steps
+PASSES = 4  # a fitted run makes about this many passes over the training windows ...
+MIN_STEPS = 200  # ... and at least this many steps (twice the warmup)
+
+
+def fit_recipe(config: TrainConfig, n_windows: int) -> tuple[TrainConfig, str | None]:
+    """`config` with the settings it leaves to the data (None) fitted to `n_windows` training windows, and a
+    line that says what was chosen and why (None when nothing was left to choose).
+
+    steps: about PASSES passes over the windows, at least MIN_STEPS, at most RECIPE_STEPS. A model learns a small
+    dataset by heart within a few passes -- its validation loss bottoms out, then climbs -- so a fixed step count
+    that suits the course's 100,000 steps is many passes too many for 10,000. eval_every: as many evaluations per
+    run as the course's (every 250 of 5400 steps), so that a short run is watched as closely.
+    """
+    if config.steps is not None and config.eval_every is not None:
+        return config, None
+    chosen = []
+    steps = config.steps
+    if steps is None:
+        steps = min(RECIPE_STEPS, max(MIN_STEPS, round(PASSES * n_windows / config.batch_size)))
+        passes = steps * config.batch_size / n_windows
+        if steps == MIN_STEPS:
+            why = f"the fewest a fitted run takes: {passes:.1f} passes"
+        elif steps == RECIPE_STEPS:
+            why = f"the course recipe's, the most a fitted run takes: {passes:.1f} passes"
+        else:
+            why = f"{PASSES} passes over them in batches of {config.batch_size}"
+        chosen.append(f"{steps} steps ({why})")
+    eval_every = config.eval_every
+    if eval_every is None:
+        eval_every = max(1, round(RECIPE_EVAL_EVERY * min(steps, RECIPE_STEPS) / RECIPE_STEPS))
+        chosen.append(f"a validation loss every {eval_every} steps")
+    note = (f"fitted to {n_windows:,} training windows: {', '.join(chosen)}; --steps and --eval-every choose "
+            "others")
+    return replace(config, steps=steps, eval_every=eval_every), note
+
+
+# ---- the best model ---------------------------------------------------------------------------------------
+@dataclass
+class BestModel:
+    """The model a run keeps: that of the latest evaluation whose validation loss was within TIE of the lowest
+    so far (closer than that is the estimate's noise, and a tie goes to the longer-trained model)."""
+    step: int | None = None  # the kept evaluation's step (None until one is kept)
+    val_loss: float | None = None  # its validation loss
+    lowest: float = math.inf  # the lowest validation loss so far
+    lowest_step: int | None = None  # the step it was measured at
+    behind: int = 0  # evaluations since the kept one, in a row (each more than TIE above the lowest)
+    weights: dict | None = field(default=None, repr=False)  # the kept model's state dict (copies on the CPU)
+    latest: bool = True  # the kept model is the latest evaluation's (so the last step's is the same)
+
+    def observe(self, step: int, val_loss: float) -> bool:
+        """Record an evaluation. True if its model is now the one to keep (then call `keep`)."""
+        if val_loss < self.lowest:
+            self.lowest, self.lowest_step = val_loss, step
+        self.latest = val_loss <= (1 + TIE) * self.lowest
+        if self.latest:
+            self.step, self.val_loss, self.behind = step, val_loss, 0
+        else:
+            self.behind += 1
+        return self.latest
+
+    def keep(self, model: torch.nn.Module) -> None:
+        self.weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    def summary(self) -> dict:
+        """What a checkpoint records of it (beside the weights)."""
+        return {"step": self.step, "val_loss": self.val_loss, "lowest": self.lowest, "lowest_step": self.lowest_step,
+                "behind": self.behind}
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> BestModel:
+        """The best model a checkpoint holds. A checkpoint from before ttlib kept one holds only its last model:
+        that one, with its history's last validation loss, is where the comparison starts again."""
+        if payload.get("best") is not None:
+            return cls(**payload["best"], weights=payload["model"], latest="last_model" not in payload)
+        best = cls()
+        rows = [row for row in payload.get("history", []) if row.get("val_loss") is not None]
+        if rows and rows[-1] is payload["history"][-1]:
+            best.observe(rows[-1]["step"], rows[-1]["val_loss"])
+            best.weights = payload["model"]
+        return best
+
+
+def overfitting(history: list[dict]) -> str | None:
+    """A warning, with what to try, when the last OVERFIT_EVALS validation losses in `history` were all more than
+    OVERFIT_MARGIN above the lowest; else None."""
+    losses = [(row["step"], row["val_loss"]) for row in history if row.get("val_loss") is not None]
+    if not losses:
+        return None
+    lowest_step, lowest = min(losses, key=lambda x: x[1])
+    above = 0  # evaluations in a row, up to the latest, more than the margin above the lowest
+    while above < len(losses) and losses[-1 - above][1] > (1 + OVERFIT_MARGIN) * lowest:
+        above += 1
+    if above < OVERFIT_EVALS:
+        return None
+    return (f"overfitting: the validation loss has been more than {OVERFIT_MARGIN:.0%} above its lowest "
+            f"({lowest:.3f}, step {lowest_step}) for {above} evaluations, now {losses[-1][1]:.3f}; the checkpoint "
+            f"keeps the best model. Try fewer --steps, more --dropout, a smaller model (--n-layer, --n-embd), "
+            f"more data, or --early-stop {OVERFIT_EVALS}")
+
+
+def best_line(best: dict | None, history: list[dict]) -> str:
+    """One line on which model a run kept, for `ttlib train`'s last words."""
+    if best is None or best.get("step") is None:
+        return "no validation loss was measured: the checkpoint holds the last step's model"
+    last = history[-1]["step"]
+    line = f"best model: step {best['step']}, validation loss {best['val_loss']:.3f}"
+    if best["lowest_step"] != best["step"]:
+        line += f" (within {TIE:.0%} of the lowest, {best['lowest']:.3f} at step {best['lowest_step']})"
+    if best["step"] == last:
+        return line + ", which is also the last step's"
+    return line + f" -- what evaluate and --export use; --which last for step {last}'s"
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -172,20 +307,48 @@ def dataset_summary(data: ttdata.OfflineDataset) -> dict:
 def save_checkpoint(path: str, model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, *, dataset: dict,
                     train_config: dict | None = None, step: int = 0, history: list | None = None,
                     optimizer: torch.optim.Optimizer | None = None, generator: torch.Generator | None = None,
-                    kind: str = "trajectory-gpt") -> None:
-    """Write one self-contained file atomically. Without `optimizer` it is a slim file for shipping."""
+                    kind: str = "trajectory-gpt", best: BestModel | None = None,
+                    val_generator: torch.Generator | None = None) -> None:
+    """Write one self-contained file atomically. Without `optimizer` it is a slim file for shipping.
+
+    The file's "model" is the model to use: `best`'s when given (its step and losses under "best"), else
+    `model`'s own. When the best is not `model`'s current state, that goes under "last_model" (for resume)."""
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     payload = {
-        "format": CHECKPOINT_FORMAT, "kind": kind, "model_config": model.config_dict(),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "format": CHECKPOINT_FORMAT, "kind": kind, "model_config": model.config_dict(), "model": weights,
         "tokenizer": tokenizer.state_dict() if tokenizer is not None else None, "dataset": dataset,
         "train_config": train_config, "step": step, "history": history or [],
     }
+    if best is not None and best.weights is not None:
+        payload["best"] = best.summary()
+        if not best.latest:
+            payload["model"], payload["last_model"] = best.weights, weights
     if optimizer is not None:
         payload["optimizer"] = optimizer.state_dict()
     if generator is not None:
         payload["generator"] = generator.get_state()
+    if val_generator is not None:
+        payload["val_generator"] = val_generator.get_state()
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
+
+
+def checkpoint_weights(payload: dict, which: str = "best") -> dict:
+    """The state dict of one of the models a checkpoint holds: "best" (the best evaluation's; a checkpoint from
+    before ttlib kept one has only its last) or "last" (the last step's, which `resume` goes on from)."""
+    if which not in WHICH:
+        raise CheckpointError(f"which model: one of {', '.join(WHICH)}, not {which!r}")
+    return payload.get("last_model", payload["model"]) if which == "last" else payload["model"]
+
+
+def weights_info(payload: dict, which: str = "best") -> dict:
+    """{"which", "step", "val_loss"}: which model `checkpoint_weights(payload, which)` is, by its evaluation."""
+    rows = payload.get("history") or [{}]
+    best = payload.get("best")
+    if which == "best" and best is not None:
+        return {"which": which, "step": best["step"], "val_loss": best["val_loss"]}
+    return {"which": which if best is not None else "last", "step": rows[-1].get("step"),
+            "val_loss": rows[-1].get("val_loss")}
 
 
 def default_checkpoint(name: str = COURSE_CHECKPOINT) -> str:
@@ -248,9 +411,11 @@ def check_resume(config, payload: dict, source: str) -> None:
                               "to continue with the checkpoint's own, or start a new run without --resume")
 
 
-def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None = None):
-    """-> (model in eval mode, tokenizer, payload). Pass `model` to load into an existing one (shapes checked)."""
+def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None = None, which: str = "best"):
+    """-> (model in eval mode, tokenizer, payload). Pass `model` to load into an existing one (shapes checked).
+    which: "best" (the best evaluation's model) or "last" (the last step's; see checkpoint_weights)."""
     payload = read_checkpoint(path)
+    weights = checkpoint_weights(payload, which)
     config = GPTConfig(**payload["model_config"])
     if model is None:
         model = TrajectoryGPT(config)
@@ -258,7 +423,7 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
         raise CheckpointError(
             f"{path} was trained for obs {config.obs_dim} / act {config.act_dim} but the model has obs "
             f"{model.config.obs_dim} / act {model.config.act_dim}")
-    load_weights(model, payload["model"], source=path)
+    load_weights(model, weights, source=path)
     tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])
     return model.to(pick_device(device)).eval(), tokenizer, payload
 
@@ -310,11 +475,15 @@ def validation_loss(model, next_batch, n_batches: int) -> float:
 def train(config: TrainConfig | None = None, out: str | None = None, resume: str | None = None,
           data: ttdata.OfflineDataset | None = None, progress: bool = True) -> TrainResult:
     """Train a TrajectoryGPT. `out`: checkpoint path, written at every evaluation and at the end (with the
-    optimiser state, so `resume` can continue exactly where it stopped). Returns the model, tokenizer, history."""
+    optimiser state, so `resume` can continue exactly where it stopped). Settings left None are fitted to the
+    data (fit_recipe; said when progress is on). Returns the best model, the tokenizer, the history."""
     config = config or TrainConfig()
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
     data, train_data, val_data = load_and_split(config, data, config.gamma, progress)
+    config, note = fit_recipe(config, train_data.n_steps)  # a training window starts at every step
+    if note and progress:
+        print(f"{data.dataset_id}: {note}")
     tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.model.n_bins, config.strategy)
     model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device)
     state, payload = start_training(model, config, resume, kind="trajectory-gpt")
@@ -323,17 +492,18 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
 
     train_bins, train_mask = window_tokens(train_data, tokenizer, config.model.n_transitions)
     val_bins, val_mask = window_tokens(val_data, tokenizer, config.model.n_transitions)
-    val_generator = torch.Generator().manual_seed(config.seed + 1)
 
     def next_val_batch():
-        return get_batch(val_bins, val_mask, config.batch_size, val_generator, device)
+        return get_batch(val_bins, val_mask, config.batch_size, state.val_generator, device)
 
     tokens_per_second = fit(
         model, tokenizer, config, state, dataset_summary(data),
         lambda: get_batch(train_bins, train_mask, config.batch_size, state.generator, device),
         next_val_batch if len(val_bins) else None, out=out, kind="trajectory-gpt",
         tokens_per_step=config.batch_size * (train_bins.shape[1] - 1), progress=progress)
-    return TrainResult(model, tokenizer, state.history, tokens_per_second)
+    last_weights = keep_best(model, state)
+    return TrainResult(model, tokenizer, state.history, tokens_per_second, config, state.best_summary(),
+                       last_weights)
 
 
 def load_and_split(config, data: ttdata.OfflineDataset | None, gamma: float, progress: bool):
@@ -349,49 +519,70 @@ class TrainingState:
     """What a run carries from one step to the next and saves in its checkpoints, so `resume` can go on."""
     optimizer: torch.optim.Optimizer  # AdamW, with its moment estimates
     generator: torch.Generator  # draws the training batches
+    val_generator: torch.Generator  # draws the validation batches
     step: int = 0  # the first step still to run
     history: list[dict] = field(default_factory=list)  # one row per evaluation (see run_loop)
+    best: BestModel = field(default_factory=BestModel)  # the model the run keeps
+
+    def best_summary(self) -> dict | None:
+        return self.best.summary() if self.best.step is not None else None
 
 
 def start_training(model: torch.nn.Module, config, resume: str | None, kind: str) -> tuple[TrainingState, dict | None]:
-    """A fresh optimiser and batch generator, or, with `resume`, the ones its checkpoint saved (and its weights
-    loaded into `model`). -> (state, the checkpoint's payload or None)."""
+    """A fresh optimiser and batch generators, or, with `resume`, the ones its checkpoint saved (its last model
+    loaded into `model`, its best kept as the best so far). -> (state, the checkpoint's payload or None)."""
     optimizer = torch.optim.AdamW(model.optimizer_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
-    state = TrainingState(optimizer, torch.Generator().manual_seed(config.seed))
+    state = TrainingState(optimizer, torch.Generator().manual_seed(config.seed),
+                          torch.Generator().manual_seed(config.seed + 1))
     if resume is None:
         return state, None
     payload = read_checkpoint(resume, kind=kind)
     check_resume(config, payload, resume)
-    load_weights(model, payload["model"], source=resume)
+    load_weights(model, checkpoint_weights(payload, "last"), source=resume)
     state.step, state.history = payload["step"], list(payload["history"])
+    state.best = BestModel.from_payload(payload)
     if "optimizer" in payload:
         optimizer.load_state_dict(payload["optimizer"])
-    if "generator" in payload:
-        state.generator.set_state(payload["generator"])
+    for name in ("generator", "val_generator"):
+        if name in payload:
+            getattr(state, name).set_state(payload[name])
     return state, payload
+
+
+def keep_best(model: torch.nn.Module, state: TrainingState) -> dict:
+    """At the end of a run: load the best model's weights into `model`; return the last step's (on the CPU)."""
+    last = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if state.best.weights is not None and not state.best.latest:
+        model.load_state_dict(state.best.weights)
+    return last
 
 
 def fit(model, tokenizer, config, state: TrainingState, summary: dict, next_batch, next_val_batch, *,
         out: str | None, kind: str, tokens_per_step: int, progress: bool) -> float:
-    """run_loop from `state`, writing a resumable checkpoint to `out` (if given) at every evaluation.
-    Returns the training throughput in tokens per second."""
+    """run_loop from `state`, writing a resumable checkpoint to `out` (if given) at every evaluation: the best
+    model and the last state. Returns the training throughput in tokens per second."""
     def checkpoint(step):
         if out is not None:
             save_checkpoint(out, model, tokenizer, dataset=summary, train_config=asdict(config), step=step,
-                            history=state.history, optimizer=state.optimizer, generator=state.generator, kind=kind)
+                            history=state.history, optimizer=state.optimizer, generator=state.generator, kind=kind,
+                            best=state.best, val_generator=state.val_generator)
 
     return run_loop(model, state.optimizer, config, next_batch, next_val_batch, state.history, start=state.step,
-                    checkpoint=checkpoint, tokens_per_step=tokens_per_step, progress=progress)
+                    checkpoint=checkpoint, tokens_per_step=tokens_per_step, progress=progress, best=state.best)
 
 
 def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list, *, start: int = 0,
-             checkpoint=None, tokens_per_step: int = 0, progress: bool = True) -> float:
+             checkpoint=None, tokens_per_step: int = 0, progress: bool = True, best: BestModel | None = None) -> float:
     """The optimisation loop every ttlib model trains with (the Trajectory GPT here, the Decision Transformer in
     ttlib.dt): `model(*next_batch())` returns (output, loss). Runs steps start .. config.steps-1 with the
     learning-rate schedule and gradient clipping; every `eval_every` steps and at the end it appends a row to
-    `history` (validation loss from `next_val_batch`, None without one) and calls `checkpoint(step + 1)`.
+    `history` (validation loss from `next_val_batch`, None without one), shows `best` the evaluation (it keeps a
+    copy of the weights if they are the best) and calls `checkpoint(step + 1)`. It warns once when the model
+    overfits (`overfitting`), and stops early after `config.early_stop` evaluations in a row behind the best.
     Returns the training throughput in tokens per second."""
     model.train()
+    best = best if best is not None else BestModel()
+    warned = False
     t0, tokens_seen, loss_ema = time.perf_counter(), 0, None
     bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
                total=config.steps)
@@ -414,20 +605,38 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
             val = validation_loss(model, next_val_batch, config.eval_batches) if next_val_batch else None
             history.append({"step": step, "train_loss": loss_ema, "val_loss": val,
                             "lr": learning_rate(step, config), "seconds": time.perf_counter() - t0})
-            bar.set_postfix(loss=f"{loss_ema:.3f}", val=f"{val:.3f}" if val is not None else "-")
+            if val is not None and best.observe(step, val):
+                best.keep(model)
+            postfix = {"loss": f"{loss_ema:.3f}", "val": f"{val:.3f}" if val is not None else "-"}
+            if best.step is not None:
+                postfix["best"] = f"{best.val_loss:.3f}@{best.step}"
+            warning = overfitting(history)
+            if warning:
+                postfix["OVERFITTING"] = f"+{val / best.lowest - 1:.0%}"
+                if progress and not warned:
+                    tqdm.write(warning)
+                warned = True
+            bar.set_postfix(postfix)
             if checkpoint is not None:
                 checkpoint(step + 1)
+            if config.early_stop and best.behind >= config.early_stop:
+                break  # the checkpoint is written: resume would go on
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{loss_ema:.3f}")
+    bar.close()
     elapsed = time.perf_counter() - t0
     model.eval()
     return tokens_seen / elapsed if elapsed > 0 else 0.0
 
 
-def export_checkpoint(source: str, destination: str) -> None:
-    """Write a slim copy of a checkpoint of any ttlib model (no optimiser state): what ships in assets/."""
+def export_checkpoint(source: str, destination: str, which: str = "best") -> None:
+    """Write a slim copy of a checkpoint of any ttlib model: one model, `which` (see checkpoint_weights), and no
+    optimiser state. What ships in assets/."""
     payload = read_checkpoint(source, kind=None)
-    payload.pop("optimizer", None)
-    payload.pop("generator", None)
+    if which == "last" and "last_model" in payload:
+        payload.pop("best")  # the model it holds is the last step's, not the best
+    payload["model"] = checkpoint_weights(payload, which)
+    for name in ("last_model", "optimizer", "generator", "val_generator"):
+        payload.pop(name, None)
     with atomic_path(destination) as tmp:
         torch.save(payload, tmp)
