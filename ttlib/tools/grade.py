@@ -290,6 +290,9 @@ class StudentTotals(ExportPlugin):
         root = Path(coursedir.root)
         submitted = root / "submitted" / student / assignment / f"{assignment}.ipynb"
         released = root / "release" / assignment / f"{assignment}.ipynb"
-        if not (submitted.is_file() and released.is_file()):
-            return []
-        return tampering(nbformat.read(submitted, as_version=4), nbformat.read(released, as_version=4))
+        flags = []
+        if submitted.is_file() and released.is_file():
+            flags += tampering(nbformat.read(submitted, as_version=4), nbformat.read(released, as_version=4))
+        for graded in sorted((root / "autograded" / student / assignment).glob("*.ipynb")):  # the scan's flags
+            flags += nbformat.read(graded, as_version=4).metadata.get("ttlib", {}).get("flags") or []
+        return flags

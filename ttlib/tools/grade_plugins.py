@@ -1,16 +1,21 @@
 """nbgrader plugins of the course, named in nbgrader_config.py: what autograding and feedback do differently.
 
     BoundedExecute     autograde's executor: each kernel in a sandbox (ttlib.tools.sandbox), CPU-time bounds per cell
-                       and per submission, memory and output bounds, a dead kernel costs only the tests not run
+                       and per submission, memory and output bounds, a dead kernel costs only the tests not run;
+                       demos run only their definitions; the hidden tests run in a process of their own and decide
+                       the scores (ttlib.tools.hidden_tests); a static scan flags what an instructor should read
     SaveAutoGrades     nbgrader's, but a submission whose grades nbgrader cannot record gets 0 with the reason
     OverwriteCells     puts test cells back as released, and warns only about cells a student edited
-    StudentFeedback    feedback holds the student's own results: no hidden tests, no errors of demo cells
+    StudentFeedback    feedback holds the student's own results: no hidden tests, no errors of demo cells, the
+                       messages of failed exercises whole, and what the scan flagged
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
+import tempfile
 
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
@@ -72,6 +77,20 @@ _WARNED: set[str] = set()  # guarantees already reported missing in this grading
 OUTPUT_NOTE = "[ttlib: output over the grading limit ({}): the rest was dropped]\n"
 
 
+def _answer_test_or_setup(cell) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return bool(meta.get("solution") or meta.get("grade") or "setup" in cell.metadata.get("tags", []))
+
+
+def _definitions(source: str) -> str:
+    """The definitions of a demo cell (imports, functions, classes, constants) as source; '' when it has none or
+    does not parse."""
+    from ..exercises.hidden import definitions
+
+    module, _ = definitions(source)
+    return ast.unparse(module) if module is not None and module.body else ""
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """jupyter_client's kernel manager, starting the kernel inside a ttlib.tools.sandbox.Sandbox (`sandbox`)."""
 
@@ -99,13 +118,22 @@ class BoundedExecute(Execute):
       keep their outputs and grades, every later test cell gets an error (0 points), and grading goes on;
     - test cells keep no output that nbgrader would read as their score (an execute_result, a displayed number):
       a submission cannot set its own score or make nbgrader's bookkeeping fail;
+    - graded tests never wait on demos: of a cell that is neither the instructor's setup (tagged `setup`), an answer
+      nor a test, only the definitions run (imports, functions, classes, constants -- what the hidden tests see
+      too), unless `run_demos`. Demos decide no points, and a student's own run of them is in their notebook;
+    - the hidden tests decide the points (`hidden_tests`): they run after the kernel, in a sandboxed process of
+      their own (ttlib.tools.hidden_tests), on the release's setup cells and the submission's definitions, with
+      `exercise_cpu` CPU seconds an exercise; in the kernel they do nothing (TTLIB_GRADING=1). Each test cell keeps
+      what it printed (stderr moved to stdout: a warning costs nothing) and gets the hidden tests' verdict;
+    - a static scan of the student's own cells (ttlib.tools.scan) is stored in the notebook's metadata
+      (`ttlib.flags`): `StudentTotals` and the feedback show it; it decides no points;
     - `sandbox` (Linux, see ttlib.tools.sandbox): the kernel runs in a scratch folder of its own, removed
       afterwards; it writes only there and reads only Python, ttlib and the datasets (Landlock); nothing it starts
       outlives it. Where the system lacks a piece, one warning per grading run says which guarantee does not hold.
 
-    The environment variables TTLIB_GRADE_CELL_TIMEOUT, TTLIB_GRADE_NOTEBOOK_TIMEOUT (CPU seconds),
-    TTLIB_GRADE_WALL_FACTOR and TTLIB_GRADE_MEMORY_GB override the configured values (handy for one run, and for the
-    tests)."""
+    The environment variables TTLIB_GRADE_CELL_TIMEOUT, TTLIB_GRADE_NOTEBOOK_TIMEOUT, TTLIB_GRADE_EXERCISE_CPU (CPU
+    seconds), TTLIB_GRADE_WALL_FACTOR and TTLIB_GRADE_MEMORY_GB override the configured values (handy for one run,
+    and for the tests)."""
 
     notebook_timeout = Integer(600, help="CPU seconds a whole submission may use (kernel start included)").tag(
         config=True)
@@ -125,6 +153,11 @@ class BoundedExecute(Execute):
     sandbox = Bool(True, help="run each kernel in ttlib.tools.sandbox (Linux)").tag(config=True)
     threads = Integer(1, help="OpenMP/MKL threads in the kernel (OMP_NUM_THREADS): with one, CPU seconds measure "
                               "the work done, on any machine").tag(config=True)
+    run_demos = Bool(False, help="run demo cells whole (default: only their definitions, as the hidden tests "
+                                 "do)").tag(config=True)
+    hidden_tests = Bool(True, help="decide the test cells of ttlib.exercises by their hidden tests, run in a "
+                                   "process of their own").tag(config=True)
+    exercise_cpu = Float(120.0, help="CPU seconds the hidden tests of one exercise may use").tag(config=True)
     strip_score_outputs = Bool(True, help="remove from test cells the outputs nbgrader reads as partial credit (this "
                                           "course gives none: a submission could set its own score)").tag(config=True)
 
@@ -148,6 +181,7 @@ class BoundedExecute(Execute):
         self._cell_output, self._cell_noted, self._cell_cpu0 = 0, False, 0.0
         self._watchdog = None
         self._grader_memory = sandbox.own_memory()  # what the grader held before this submission
+        self._box_protected = []
         self._box = self._make_sandbox(resources or {}) if self.sandbox else None
         self.timeout_func = self._cell_timeout
         cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.tools.sandbox').tools.sandbox.limit_kernel_output("
@@ -157,7 +191,7 @@ class BoundedExecute(Execute):
         before = sandbox.own_children()
         student = ((resources or {}).get("nbgrader") or {}).get("student", "?")
         try:
-            return super().preprocess(nb, resources, km)
+            nb, resources = super().preprocess(nb, resources, km)
         finally:
             if self._watchdog is not None:
                 self._watchdog.close()
@@ -170,6 +204,51 @@ class BoundedExecute(Execute):
                           "in all, %s of memory)%s", student, self._cpu(), time.monotonic() - self._start,
                           self._cell_limit, self._notebook_limit, _gib(self._memory_bytes),
                           f"; {self._stopped}" if self._stopped else "")
+        self._judge(nb, resources or {}, student)
+        return nb, resources
+
+    def _released(self, resources) -> nbformat.NotebookNode | None:
+        """The notebook as released to students (its setup cells are the instructor's), or None."""
+        from nbgrader.coursedir import CourseDirectory
+
+        info = resources.get("nbgrader") or {}
+        if not info.get("assignment") or not info.get("notebook"):
+            return None
+        coursedir = CourseDirectory(config=self.config)
+        for step in (coursedir.release_directory, coursedir.source_directory):
+            path = os.path.join(coursedir.format_path(step, ".", info["assignment"]), f"{info['notebook']}.ipynb")
+            if os.path.isfile(path):
+                return nbformat.read(path, as_version=4)
+        return None
+
+    def _judge(self, nb, resources, student: str) -> None:
+        """The hidden tests' verdicts on the test cells, and the scan's flags in the notebook's metadata."""
+        from . import hidden_tests, sandbox, scan
+
+        nb.metadata.pop("ttlib", None)  # only this run's findings, never what a submission wrote there
+        released = self._released(resources)
+        if released is None:
+            self.log.warning("ttlib: %s: no released notebook found; the kernel's run decides the scores", student)
+            return
+        flags = [str(f) for f in scan.scan_notebook(nb, released)]
+        nb.metadata["ttlib"] = {"flags": flags}
+        if flags:
+            self.log.warning("ttlib: %s flagged for review: %s", student, "; ".join(flags))
+        if not (self.hidden_tests and hidden_tests.hidden_exercises(nb)):
+            return
+        limits = sandbox.Limits(memory_bytes=self._memory_bytes, file_size_bytes=int(self.file_size_limit or
+                                self._memory_bytes), output_bytes=16 * 2**20, threads=self.threads or None)
+        protected = self._box_protected if self._box_protected else ()
+        with tempfile.TemporaryDirectory(prefix="ttlib-release-") as folder:
+            path = os.path.join(folder, "released.ipynb")
+            nbformat.write(released, path)
+            run = hidden_tests.run_hidden(nb, path, limits=limits, protected=protected,
+                                          exercise_cpu=_env_number("TTLIB_GRADE_EXERCISE_CPU", self.exercise_cpu))
+        hidden_tests.apply_verdicts(nb, run.verdicts)
+        failed = [g for g, verdict in run.verdicts.items() if verdict is not None]
+        self.log.info("ttlib: %s's hidden tests: %d of %d passed, %.1f s of CPU time, %.1f s on the clock%s",
+                      student, len(run.verdicts) - len(failed), len(run.verdicts), run.cpu_seconds, run.seconds,
+                      "".join(f"; {note}" for note in run.notes))
 
     def _make_sandbox(self, resources):
         """A sandbox for this submission's kernel; None (with one warning per run) where the system has none."""
@@ -191,6 +270,7 @@ class BoundedExecute(Execute):
         db_url = (resources.get("nbgrader") or {}).get("db_url", "")
         if db_url.startswith("sqlite:///"):
             protected.add(os.path.dirname(db_url[len("sqlite:///"):]))
+        self._box_protected = sorted(protected)
         student = (resources.get("nbgrader") or {}).get("student", "kernel")
         limits = sandbox.Limits(memory_bytes=self._memory_bytes,
                                 file_size_bytes=int(self.file_size_limit or self._memory_bytes),
@@ -206,9 +286,13 @@ class BoundedExecute(Execute):
         return km
 
     async def async_start_new_kernel(self, **kwargs):
+        from ..exercises import GRADING_ENV
+
         if self._box is not None:
             kwargs["cwd"] = str(self._box.scratch)
             kwargs["env"] = self._box.environment(kwargs.get("env"))
+        if self.hidden_tests:  # the hidden tests run outside the kernel (see _judge), not in it
+            kwargs["env"] = {**(kwargs.get("env") or os.environ), GRADING_ENV: "1"}
         import zmq
 
         self.km.context.setsockopt(zmq.MAXMSGSIZE, self.message_limit)  # every socket to this kernel
@@ -324,6 +408,12 @@ class BoundedExecute(Execute):
             return cell, self.resources
         self._start_watchdog()
         self._cell_output, self._cell_noted, self._cell_cpu0 = 0, False, self._cpu()
+        source = cell.source
+        if not (self.run_demos or _answer_test_or_setup(cell)):
+            cell.source = _definitions(source)
+            if not cell.source.strip():
+                cell.source = source
+                return cell, self.resources
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
@@ -346,6 +436,8 @@ class BoundedExecute(Execute):
             self._stopped = "the kernel stopped answering after a cell ran too long"
             cell.outputs = [_error("CellTimeoutError", str(e).splitlines()[0] if str(e) else "timeout")]
             return cell, self.resources
+        finally:
+            cell.source = source
         if self.strip_score_outputs and cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
             kept = [o for o in cell.outputs if not _reads_as_score(o)]
             if len(kept) < len(cell.outputs):
@@ -409,6 +501,8 @@ class OverwriteCells(_OverwriteCells):
 HIDDEN_TESTS = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.M | re.S)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CELL_FRAME = re.compile(r"Cell In\s*\[(\d+)\]")
+# errors whose every line is the message (what is wrong, then the details): kept whole
+WHOLE_MESSAGES = {"ExerciseFailed", "HiddenTestFailed", "NotRun", "KernelDied", "GradingFailed"}
 
 
 class StudentFeedback(_Preprocessor):
@@ -433,10 +527,16 @@ class StudentFeedback(_Preprocessor):
             if meta.get("grade"):
                 cell.source = HIDDEN_TESTS.sub("# (hidden tests: not shown)\n", cell.source)
                 for output in cell.outputs:
-                    if output.output_type == "error":
+                    if output.output_type == "error" and output.get("ename") not in WHOLE_MESSAGES:
                         output.traceback = self._own_frames(output.traceback, own)
             elif not meta.get("solution"):
                 cell.outputs = [o for o in cell.outputs if o.output_type != "error"]
+        flags = nb.metadata.get("ttlib", {}).get("flags") or []
+        if flags:
+            nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+                "**Flagged for your instructor to read** (this decides no points; the hidden tests did): lines of "
+                "your code that do something the exercises never need --\n\n"
+                + "\n".join(f"- {flag}" for flag in flags)))
         return nb, resources
 
     @staticmethod

@@ -60,6 +60,7 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
              "submitted.ipynb": nbformat.writes(submitted).encode("utf-8")}
     lines: list[str] = []
     run = HiddenRun(verdicts={})
+    stopped: dict[str, str | None] = {}  # exercise -> the limit its run was stopped at (None: it ended itself)
     startup_cpu = 60.0  # importing torch and ttlib, the release's setup cells, the definitions
     while remaining:
         budget = startup_cpu + exercise_cpu * len(remaining)
@@ -78,14 +79,30 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
                              f"{', '.join(started - finished) or 'the notebook definitions'}")
         unfinished = [e for e in remaining if e not in finished]
         stuck = [e for e in unfinished if e in started]
+        for exercise in stuck:
+            stopped[exercise] = result.stopped
         if not stuck:  # nothing started and was left unfinished: the runner cannot make progress
             if unfinished and not result.stopped and result.returncode != 0:
                 run.notes.append(f"the hidden tests' process ended with status {result.returncode}")
             break
         remaining = [e for e in unfinished if e not in stuck]  # go on after the one that did not finish
     verdicts = judge_records(lines, list(dict.fromkeys(tests.values())), seed)
+    for exercise, limit in stopped.items():
+        if verdicts.get(exercise) is not None:
+            verdicts[exercise] = _stopped_verdict(exercise, limit, exercise_cpu, box_limits)
     run.verdicts = {grade_id: verdicts[exercise] for grade_id, exercise in tests.items()}
     return run
+
+
+def _stopped_verdict(exercise_id: str, limit: str | None, exercise_cpu: float, limits) -> str:
+    """What a student reads when their code stopped the hidden tests of an exercise."""
+    number = find(exercise_id).number
+    why = {"cpu time": f"your code ran past the {exercise_cpu:g} CPU seconds an exercise's hidden tests get (does "
+                       "it loop forever?)",
+           "memory": f"your code used more than the {limits.memory_bytes / 2**30:.2f} GiB of memory allowed",
+           "wall time": "your code waited too long on the clock (does it sleep or wait for something?)",
+           "processes": "your code started too many processes"}.get(limit or "", "your code ended the process")
+    return f"Exercise {number} is not right yet: its hidden tests were stopped: {why}, so they could not pass."
 
 
 def _python() -> str:
