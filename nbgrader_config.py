@@ -10,27 +10,27 @@ c.CourseDirectory.course_id = "trajectory-transformer"
 c.CourseDirectory.root = os.path.abspath(os.environ.get("TTLIB_COURSE_DIR")
                                          or os.path.join(os.path.dirname(os.path.abspath(__file__)), "grading"))
 
-# Autograding runs each notebook top to bottom, with ttlib.tools.grade_plugins.BoundedExecute in place of nbgrader's
-# Execute. Each kernel runs in ttlib.tools.sandbox (Linux; `ttlib grade doctor` says what holds on this machine): it
-# writes only a scratch folder of its own, reads no other student's files, nor the gradebook, nor the sources, and
-# nothing it starts outlives it. Time is counted in CPU seconds of the kernel and every process it started, so a
-# busy grading machine does not cut a correct submission short:
-# - a cell that uses more than Execute.timeout CPU seconds is interrupted and counts as an error, so a submission
-#   that loops forever loses that exercise and grading goes on. With TTLIB_FAST=1 (as the README grades) the slowest
-#   cell, notebook 06's evaluation, takes about 90 s on a 2-core CPU (notebook 03's live training: 4 minutes
-#   without TTLIB_FAST, 30 s with it);
-# - the whole notebook gets BoundedExecute.notebook_timeout CPU seconds, kernel start included: each cell may use at
-#   most what is left, and the cells after the limit are not run (their tests score 0). A submission whose looping
-#   function later cells call again therefore costs at most this much, never a timeout per call. A clock backstop
-#   (BoundedExecute.wall_factor times these) ends a submission that only sleeps;
-# - the kernel (with every process it started) may use BoundedExecute.memory_limit bytes of memory; beyond that it
-#   is killed. A kernel that dies costs only the tests that had not run yet: the ones above keep their points;
+# Autograding runs each submission with ttlib.tools.grade_plugins.BoundedExecute in place of nbgrader's Execute (see
+# README.md, "For instructors"). The kernel runs the release's setup cells, the answers and the test cells, and only
+# the definitions of every other cell; the hidden tests then run in a process of their own and decide the points; a
+# static scan flags what an instructor should read. Each kernel runs in ttlib.tools.sandbox (Linux; `ttlib grade
+# doctor` says what holds on this machine): it writes only a scratch folder of its own, reads no other student's
+# files, nor the gradebook, nor the sources, and nothing it starts outlives it. Time is counted in CPU seconds of
+# the kernel and every process it started, so a busy grading machine does not cut a correct submission short:
+# - a cell that uses more than Execute.timeout CPU seconds is interrupted and counts as an error; the whole kernel
+#   run gets BoundedExecute.notebook_timeout CPU seconds, kernel start included (a correct submission uses 5-9);
+# - the hidden tests get 60 CPU seconds to start and BoundedExecute.exercise_cpu an exercise: a looping answer is
+#   stopped there, and the exercises after it still run;
+# - a clock backstop (BoundedExecute.wall_factor times these) ends a submission that only sleeps;
+# - the kernel (with every process it started) may use BoundedExecute.memory_limit bytes of memory, and so may the
+#   hidden tests; beyond that they are killed and the exercises they could not finish score 0;
 # - output is capped (BoundedExecute.output_limit a cell, notebook_output_limit a notebook), the rest dropped.
-# TTLIB_GRADE_CELL_TIMEOUT, TTLIB_GRADE_NOTEBOOK_TIMEOUT (CPU seconds), TTLIB_GRADE_WALL_FACTOR and
-# TTLIB_GRADE_MEMORY_GB override these.
+# TTLIB_GRADE_CELL_TIMEOUT, TTLIB_GRADE_NOTEBOOK_TIMEOUT, TTLIB_GRADE_EXERCISE_CPU (CPU seconds),
+# TTLIB_GRADE_WALL_FACTOR and TTLIB_GRADE_MEMORY_GB override these.
 c.Execute.timeout = 300
 c.BoundedExecute.notebook_timeout = 600
 c.BoundedExecute.memory_limit = 6 * 2**30
+c.BoundedExecute.exercise_cpu = 120
 c.Autograde.autograde_preprocessors = [
     "ttlib.tools.grade_plugins.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
     "nbgrader.preprocessors.IgnorePattern",

@@ -15,19 +15,27 @@ in the gradebook):
 - "delegator" hands in notebooks 01, 02 and 04 with every exercise handed to the reference it rebuilds (ttlib's
   function, PyTorch's attention, nn.MultiheadAttention): it earns nothing;
 - "rebinder" leaves notebook 01's first exercise unsolved and rebinds ttlib.checks to do nothing: it loses that one
-  (and exercise 3, whose visible checks now get None from the rebound `call`);
+  only (the hidden tests run the submission's definitions alone, in a process of their own), and is flagged;
 - on notebook 01 (cheap) four students each make one mistake that used to cost two exercises (the multi-head test
-  ran the student's own attention and mask) or that only the multi-head test can see;
+  ran the student's own attention and mask) or that only the multi-head test can see; "warns" is right but its
+  attention warns on every call (to stderr): full marks; three cheat (tests/wrong_answers/cheats.py, one class each):
+  each loses the exercise it cheated on, and totals.csv flags it -- "ipython_hook" hands in a blank notebook whose
+  first exercise cell wraps every later cell in try/except, and scores 0;
 - on notebook 02 (cheap, its three exercises independent) students hand in a partly correct notebook, one whose
   exercise raises, one whose decode loops forever (and later cells call it again), one with an edited and one with
   a deleted test cell, an encode that is wrong only on bin edges, quantile edges without their monotonicity fix, and
   a decode that hogs memory. Notebook 02 is graded with short limits (CELL_TIMEOUT a cell, NOTEBOOK_TIMEOUT for the
-  whole notebook, MEMORY_GB for its kernel), so the loop and the hog cost seconds.
-`test_the_class_table` prints the table: student, notebook, expected, got, grading time.
+  whole notebook, EXERCISE_CPU for an exercise's hidden tests, MEMORY_GB for its kernel and its hidden tests), so the
+  loop and the hog cost seconds.
+Notebooks 03 and 05 (the slowest to grade) are graded while as many busy processes as the machine has cores run
+beside them (`cpu_hog`): the budgets count CPU seconds, so correct submissions keep full marks.
+`test_the_class_table` prints the table: student, notebook, expected, got, CPU seconds of the kernel and of the
+hidden tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -41,7 +49,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 from nbgrader.utils import compute_checksum
-from test_exercises import ANSWER_FILES, load_answers, wrong_source  # tests/ is on sys.path under pytest
+from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source  # tests/ is on sys.path
 
 from ttlib import cli
 from ttlib.tools import grade
@@ -55,10 +63,10 @@ CHEAP = "02_trajectory_tokenizer"  # the notebook the special cases are graded o
 BEAM = "05_beam_search"
 CELL_TIMEOUT = 20  # seconds per cell when grading CHEAP; its slowest cell (the imports) takes about 5 s
 NOTEBOOK_TIMEOUT = 35  # seconds for a whole CHEAP submission; a correct one takes about 15 s
-MEMORY_GB = 2.0  # the memory limit of CHEAP's kernels; a correct one uses well under 1 GiB
-# Every other notebook is graded with this per-cell limit: above fast mode's graded cells and Ray's start on a busy
-# machine; notebook 06's unscored evaluation of full episodes may be cut short. A reply nbclient misses
-# (jupyter/nbclient#312; grade_plugins.BoundedExecute polls for it again every second) would cost at most this much.
+MEMORY_GB = 2.0  # the memory limit of CHEAP's kernels and hidden tests; a correct one uses well under 1 GiB
+EXERCISE_CPU = 15  # CPU seconds for each of CHEAP's exercises in the hidden tests; a correct one uses about 1
+HOGGED = ["03_trajectory_gpt", BEAM]  # graded beside a CPU hog
+# Every other notebook is graded with these CPU-second limits (demos run only their definitions when grading).
 FAST_CELL_TIMEOUT = 100
 FAST_NOTEBOOK_TIMEOUT = 400
 UNMODIFIED = GRADED[:4]  # the notebooks "unmodified" hands in (see above)
@@ -142,6 +150,8 @@ WRONG = {path.stem: load_answers(path) for path in ANSWER_FILES}
 REFUSED = "refuses to run"  # what a delegating answer's failure says
 DELEGATED = [ATTENTION, CHEAP, "04_kv_cache"]  # the notebooks "delegator" hands in, every exercise delegated
 REBOUND = "unsolved, with the checking helpers rebound to do nothing"  # "rebinder"'s notebook 01 answer
+CHEATS = load_module(Path(__file__).parent / "wrong_answers" / "cheats.py").CHEATS
+CHEATERS = ["ipython_hook", "checker_frame", "exec_source"]  # one student each, on notebook 01's first exercise
 # notebook 01: mistakes in exercises 1 and 2 that used to zero exercise 3 as well, and one in exercise 3 itself
 ATTENTION_BUGS = {
     "no_scale": ("01-sdpa", "no 1/sqrt(d) scaling"),
@@ -212,9 +222,12 @@ def expected_points() -> dict[str, dict[str, dict[str, float]]]:
     for student, (grade_id, _) in ATTENTION_BUGS.items():
         expected[student] = {ATTENTION: losing(ATTENTION, f"{grade_id}-test")}
     expected["delegator"] = {a: zero[a] for a in DELEGATED}
-    # rebinding the checks to do nothing gains nothing: the hidden tests use their own copy, and the visible checks
-    # of exercise 3, which call the rebound `call`, now fail on its None
-    expected["rebinder"] = {ATTENTION: losing(ATTENTION, "01-sdpa-test", "01-multi-head-test")}
+    # rebinding the checks to do nothing gains nothing and costs nothing else: the hidden tests never run it
+    expected["rebinder"] = {ATTENTION: losing(ATTENTION, "01-sdpa-test")}
+    expected["warns"] = {ATTENTION: full[ATTENTION]}
+    for student in CHEATERS:
+        expected[student] = {ATTENTION: zero[ATTENTION] if student == "ipython_hook" else
+                             losing(ATTENTION, "01-sdpa-test")}
     lost = {"partial": ["02-quantile-test", "02-decode-test"], "raises": ["02-quantile-test"],
             "loops": ["02-decode-test"], "hog": ["02-decode-test"], "edited": ["02-uniform-test"],
             "deleted": ["02-decode-test"], "encode_left": ["02-uniform-test"], "unsorted_edges": ["02-quantile-test"]}
@@ -257,6 +270,13 @@ def submissions(assignment) -> dict[str, nbformat.NotebookNode]:
                           for student, (grade_id, why) in ATTENTION_BUGS.items()})
         handed_in["rebinder"] = answered(ATTENTION, {**dict.fromkeys(solution_sources(ATTENTION)),
                                                      "01-sdpa": wrong_answer(ATTENTION, "01-sdpa", REBOUND)})
+        right = solution_sources(ATTENTION)["01-sdpa"]
+        handed_in["warns"] = answered(ATTENTION, {**dict.fromkeys(solution_sources(ATTENTION)), "01-sdpa": (
+            "import warnings\n\n" + right.replace("    return weights @ v",
+                                                  '    warnings.warn("float32 attention")\n    return weights @ v'))})
+        for student in CHEATERS:
+            base = {} if student == "ipython_hook" else dict.fromkeys(solution_sources(ATTENTION))
+            handed_in[student] = answered(ATTENTION, {**base, "01-sdpa": CHEATS[student][1]})
     if assignment == CHEAP:
         handed_in.update(cheap_submissions())
     return handed_in
@@ -266,12 +286,25 @@ def limits(assignment) -> dict[str, str]:
     """The grading limits of an assignment, through the environment variables BoundedExecute reads."""
     if assignment == CHEAP:
         return {"TTLIB_GRADE_CELL_TIMEOUT": str(CELL_TIMEOUT), "TTLIB_GRADE_NOTEBOOK_TIMEOUT": str(NOTEBOOK_TIMEOUT),
-                "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB)}
+                "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB), "TTLIB_GRADE_EXERCISE_CPU": str(EXERCISE_CPU)}
     return {"TTLIB_GRADE_CELL_TIMEOUT": str(FAST_CELL_TIMEOUT),
             "TTLIB_GRADE_NOTEBOOK_TIMEOUT": str(FAST_NOTEBOOK_TIMEOUT)}
 
 
 RAN_IN = re.compile(r"ttlib: (\S+) ran in ([0-9.]+) s")
+HIDDEN_IN = re.compile(r"ttlib: (\S+)'s hidden tests: .*?, ([0-9.]+) s of CPU time")
+
+
+@contextlib.contextmanager
+def cpu_hog():
+    """As many busy processes as the machine has cores, for the duration."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
 @pytest.fixture(scope="module")
@@ -292,9 +325,12 @@ def graded(tmp_path_factory):
         for student, nb in submissions(assignment).items():
             nbformat.write(nb, folder / f"{student}.ipynb")
         out[f"collect {assignment}"] = run("ttlib", "grade", "collect", assignment, str(folder), env=env)
-        log = run("nbgrader", "autograde", assignment, env={**env, **limits(assignment)})
+        with cpu_hog() if assignment in HOGGED else contextlib.nullcontext():
+            log = run("nbgrader", "autograde", assignment, env={**env, **limits(assignment)})
         out[f"autograde {assignment}"] = log
         out["seconds"][assignment] = {student: float(seconds) for student, seconds in RAN_IN.findall(log)}
+        out["hidden seconds"] = {**out.get("hidden seconds", {}), assignment: {
+            student: float(seconds) for student, seconds in HIDDEN_IN.findall(log)}}
     for assignment in [ATTENTION, CHEAP, BEAM]:
         run("nbgrader", "generate_feedback", assignment, env=env)
     run("nbgrader", "export", "--to", str(tmp / "grades.csv"), env=env)
@@ -408,8 +444,9 @@ def test_unmodified_student_versions_get_zero_without_crashing(graded, assignmen
     assert score(graded, assignment, "unmodified") == (0, sum(points(assignment).values()))
     nb = autograded(graded, assignment, "unmodified")
     for grade_id in points(assignment):
-        assert errors(nb, grade_id), f"{grade_id} fails"
-    assert [c for c in nb.cells if c.cell_type == "code"][-1].execution_count, "grading ran to the last cell"
+        assert errors(nb, grade_id) == ["HiddenTestFailed"], f"{grade_id} fails"
+        assert "NotImplementedError" in json.dumps(cell(nb, grade_id).outputs), "the message says it is unsolved"
+    assert all(c.execution_count for c in nb.cells if nbgrader_meta(c).get("grade")), "every test cell ran"
 
 
 def test_a_mistake_in_attention_or_mask_costs_only_its_own_exercise(graded):
@@ -418,7 +455,8 @@ def test_a_mistake_in_attention_or_mask_costs_only_its_own_exercise(graded):
         nb = autograded(graded, ATTENTION, student)
         assert errors(nb, "01-multi-head-test") == [], student
         assert "multi_head_attention" not in json.dumps(cell(nb, "01-multi-head-test").outputs), student
-    assert "AssertionError" in errors(autograded(graded, ATTENTION, "no_scale"), "01-sdpa-test")
+    assert errors(autograded(graded, ATTENTION, "no_scale"), "01-sdpa-test") == ["HiddenTestFailed"]
+    assert "1/sqrt(d)" in json.dumps(cell(autograded(graded, ATTENTION, "no_scale"), "01-sdpa-test").outputs)
     # a mistake in the heads themselves is still caught, and named
     heads = autograded(graded, ATTENTION, "heads_unmerged")
     assert "merge_heads" in json.dumps(cell(heads, "01-multi-head-test").outputs)
@@ -426,7 +464,7 @@ def test_a_mistake_in_attention_or_mask_costs_only_its_own_exercise(graded):
 
 def test_answers_wrong_only_on_edges_or_only_when_rounding_bites_lose_their_exercise(graded):
     nb = autograded(graded, CHEAP, "encode_left")
-    assert errors(nb, "02-uniform-test") == ["AssertionError"]
+    assert errors(nb, "02-uniform-test") == ["HiddenTestFailed"]
     assert "encode" in json.dumps(cell(nb, "02-uniform-test").outputs)
     nb = autograded(graded, CHEAP, "unsorted_edges")
     assert "never decrease" in json.dumps(cell(nb, "02-quantile-test").outputs) or \
@@ -434,36 +472,33 @@ def test_answers_wrong_only_on_edges_or_only_when_rounding_bites_lose_their_exer
 
 
 def test_an_exercise_that_raises_gets_zero_and_grading_goes_on(graded):
-    assert errors(autograded(graded, CHEAP, "raises"), "02-quantile-test") == ["AssertionError"]  # "raised ..."
-    assert "raised ValueError" in str(cell(autograded(graded, CHEAP, "raises"), "02-quantile-test").outputs)
+    assert errors(autograded(graded, CHEAP, "raises"), "02-quantile-test") == ["HiddenTestFailed"]
+    assert "ValueError" in str(cell(autograded(graded, CHEAP, "raises"), "02-quantile-test").outputs)
 
 
-def test_a_looping_submission_is_bounded_as_a_whole(graded):
-    """decode loops forever, and later cells (the round-trip claim, the widget) call it again: the second call gets
-    only what is left of the notebook's time, not a cell timeout of its own, and the cells after it are not run."""
+def test_a_looping_submission_loses_its_exercise_within_its_budgets(graded):
+    """decode loops forever: in the kernel its visible check is stopped at the cell's CPU seconds, and its hidden
+    tests at the exercise's; it loses that exercise only, and the next students are graded."""
     nb = autograded(graded, CHEAP, "loops")
-    assert "CellTimeoutError" in errors(nb, "02-decode-test")
-    ran = [c.execution_count is not None for c in nb.cells if c.cell_type == "code"]
-    assert ran[:3] == [True] * 3 and not ran[-1], "cells run until the notebook's time is up, none after"
-    seconds = graded["seconds"][CHEAP]
-    assert NOTEBOOK_TIMEOUT - 5 < seconds["loops"] < NOTEBOOK_TIMEOUT + 10 < 2 * CELL_TIMEOUT + 15, seconds
+    assert errors(nb, "02-decode-test") == ["HiddenTestFailed"]
+    assert "loop forever" in json.dumps(cell(nb, "02-decode-test").outputs)
+    kernel, hidden = graded["seconds"][CHEAP]["loops"], graded["hidden seconds"][CHEAP]["loops"]
+    assert CELL_TIMEOUT - 2 < kernel < NOTEBOOK_TIMEOUT + 5, kernel
+    assert EXERCISE_CPU - 2 < hidden < 3 * EXERCISE_CPU + 30, hidden  # one exercise's budget, not the whole run's
     for student in ["partial", "raises", "solutions", "unmodified"]:  # graded after "loops" (alphabetical order)
         assert (graded["root"] / "autograded" / student / CHEAP).is_dir()
-    assert "CellTimeoutError" not in json.dumps(autograded(graded, CHEAP, "solutions"))
-    # two cells timed out (the test and the next call); the feedback shows the test cell's only
-    assert sum("No reply from kernel" in json.dumps(c.outputs) for c in nb.cells if c.cell_type == "code") == 2
     html = feedback(graded, CHEAP, "loops")
-    assert html.count("No reply from kernel before timeout") == 1
-    assert html.count("output_error") == len(errors(nb, "02-decode-test"))  # the test cell's errors only
+    assert html.count("output_error") == 1 and "loop forever" in html  # the verdict, nothing of the kernel's
 
 
 def test_a_memory_hog_is_stopped_and_keeps_the_points_graded_before_it(graded):
     nb = autograded(graded, CHEAP, "hog")
     died = [o for o in cell(nb, "02-decode-test").outputs if o.output_type == "error"]
-    assert [o.ename for o in died] == ["KernelDied"] and "memory" in died[0].evalue, died
+    assert [o.ename for o in died] == ["HiddenTestFailed"] and "memory" in died[0].evalue, died
     assert score(graded, CHEAP, "hog")[0] == points(CHEAP)["02-uniform-test"] + points(CHEAP)["02-quantile-test"]
     assert graded["seconds"][CHEAP]["hog"] < NOTEBOOK_TIMEOUT, "stopped by the memory limit, not by the clock"
-    assert "KernelDied" in feedback(graded, CHEAP, "hog")
+    assert graded["hidden seconds"][CHEAP]["hog"] < 3 * EXERCISE_CPU + 30, "the hidden tests too"
+    assert "GiB of memory" in feedback(graded, CHEAP, "hog")
 
 
 def test_edited_and_deleted_test_cells_are_reported_and_undone(graded):
@@ -472,12 +507,28 @@ def test_edited_and_deleted_test_cells_are_reported_and_undone(graded):
     assert re.search(r"^deleted .* test cell 02-decode-test deleted", report, re.M)
     assert sum("edited" in line or "deleted" in line for line in report.splitlines()) == 2, report
     # nbgrader restores both test cells before it runs them: the edit and the deletion gain nothing
-    assert "AssertionError" in errors(autograded(graded, CHEAP, "edited"), "02-uniform-test")
-    assert "AssertionError" in errors(autograded(graded, CHEAP, "deleted"), "02-decode-test")
+    assert errors(autograded(graded, CHEAP, "edited"), "02-uniform-test") == ["HiddenTestFailed"]
+    assert errors(autograded(graded, CHEAP, "deleted"), "02-decode-test") == ["HiddenTestFailed"]
     flagged = {row["student_id"]: row["flagged"] for row in graded["totals"]}
     assert flagged.pop("edited") == f"{CHEAP}: test cell 02-uniform-test edited"
     assert flagged.pop("deleted") == f"{CHEAP}: test cell 02-decode-test deleted"
-    assert set(flagged.values()) == {""}
+    for student in [*CHEATERS, "rebinder"]:  # flagged by the scan, with the cell and line
+        assert flagged.pop(student).startswith(f"{ATTENTION}: cell "), student
+    assert set(flagged.values()) == {""}, "honest students are never flagged"
+
+
+def test_correct_submissions_keep_full_marks_beside_a_cpu_hog_and_a_warning(graded):
+    """03 and 05 were graded beside a CPU hog: their solutions keep every point, within a fraction of the budgets
+    (CPU seconds of the kernel; the hidden tests get their own). A right answer that warns keeps its points."""
+    for assignment in HOGGED:
+        total = sum(points(assignment).values())
+        assert score(graded, assignment, "solutions") == (total, total)
+        assert graded["seconds"][assignment]["solutions"] < FAST_NOTEBOOK_TIMEOUT / 2, graded["seconds"][assignment]
+        exercises = len(points(assignment))
+        assert graded["hidden seconds"][assignment]["solutions"] < (60 + 120 * exercises) / 2
+    nb = autograded(graded, ATTENTION, "warns")
+    assert "float32 attention" in json.dumps(cell(nb, "01-sdpa-test").outputs), "what it printed is kept"
+    assert errors(nb, "01-sdpa-test") == []
 
 
 def test_the_autograde_log_warns_only_about_edited_test_cells(graded):
@@ -538,11 +589,12 @@ def test_the_class_table(graded):
         for assignment in by_assignment:
             expected = sum(by_assignment[assignment].values())
             got = score(graded, assignment, student)[0]
-            rows.append((student, assignment, expected, got, graded["seconds"][assignment][student]))
+            rows.append((student, assignment, expected, got, graded["seconds"][assignment][student],
+                         graded["hidden seconds"][assignment].get(student, 0.0)))
             assert got == expected
-    print("\n| student | notebook | expected | got | grading time |\n|---|---|---|---|---|")
-    for student, assignment, expected, got, seconds in rows:
-        print(f"| {student} | {assignment} | {expected:g} | {got:g} | {seconds:.1f} s |")
+    print("\n| student | notebook | expected | got | kernel CPU s | hidden tests CPU s |\n|---|---|---|---|---|---|")
+    for student, assignment, expected, got, seconds, hidden in rows:
+        print(f"| {student} | {assignment} | {expected:g} | {got:g} | {seconds:.1f} | {hidden:.1f} |")
 
 
 # ---- bad input ------------------------------------------------------------------------------------------------------

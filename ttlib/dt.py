@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from . import data as ttdata
-from . import validate
+from . import threads, validate
 from .attention import KVCache
 from .model import Block, TrajectoryGPT, check_dims
 from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
@@ -379,6 +379,7 @@ def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_ca
         agent = DTAgent(model, target_return, len(seeds), use_cache=use_cache, keep=keep)
         frames = []
         while batch.running.any():
+            threads.keep_fitting()  # as many torch threads as other programs leave cores free
             active = np.flatnonzero(batch.running)  # the agent's rows, in this order
             if record and batch.running[0]:
                 frames.append(batch.render_first())

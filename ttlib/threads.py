@@ -34,9 +34,12 @@ def _default_threads() -> int:
 
 def free_cores(interval: float | None = 0.25) -> int:
     """The cores other processes leave free (at least 1), measured over `interval` seconds, or since the last
-    measurement with `interval=None` (no waiting)."""
-    import psutil
-
+    measurement with `interval=None` (no waiting). Without psutil (it comes with JupyterLab and Colab), every core
+    counts as free."""
+    try:
+        import psutil
+    except ImportError:
+        return os.cpu_count() or 1
     if _state["me"] is None:
         _state["me"], interval = psutil.Process(), interval or 0.25  # the first measurement needs an interval
         _state["me"].cpu_percent(None)

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as ttdata
-from . import validate
+from . import threads, validate
 from .files import atomic_path
 from .model import GPTConfig, TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
@@ -587,6 +587,7 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
     bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
                total=config.steps)
     for step in bar:
+        threads.keep_fitting()  # as many torch threads as other programs leave cores free
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         _, loss = model(*next_batch())

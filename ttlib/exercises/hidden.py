@@ -24,6 +24,7 @@ import argparse
 import ast
 import json
 import os
+import signal
 import sys
 
 __all__ = ["definitions", "judge_records", "main"]
@@ -98,7 +99,19 @@ def build_namespace(released: str, submitted: str, write) -> dict:
     return namespace
 
 
-def run(exercise_ids: list[str], seed: int, namespace: dict, write) -> None:
+def _stop_after(cpu_seconds: float, exercise_id: str, write) -> None:
+    """After `cpu_seconds` more CPU seconds of this process, say that `exercise_id` ran out of them and end the
+    process (a handler that exits: an answer's `except` cannot catch it). 0: never."""
+    def stop(signum, frame):
+        write({"exercise": exercise_id, "stopped": "cpu time"})
+        os._exit(3)
+
+    if cpu_seconds > 0:
+        signal.signal(signal.SIGPROF, stop)
+    signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
+
+
+def run(exercise_ids: list[str], seed: int, namespace: dict, write, exercise_cpu: float = 0.0) -> None:
     from . import find, hidden_seeds
 
     for exercise_id in exercise_ids:
@@ -116,6 +129,7 @@ def run(exercise_ids: list[str], seed: int, namespace: dict, write) -> None:
             write({"exercise": exercise_id, "error": f"your {foreign[0]} was not written in your notebook (it "
                                                      f"comes from `{namespace[foreign[0]].__module__}`)"})
             continue
+        _stop_after(exercise_cpu, exercise_id, write)
         with exercise.lending(namespace):
             for trial_seed in hidden_seeds(exercise.hidden_trials, seed):
                 trial = exercise.make_trial(trial_seed)
@@ -128,6 +142,7 @@ def run(exercise_ids: list[str], seed: int, namespace: dict, write) -> None:
                 from . import encode
 
                 write({"exercise": exercise_id, "seed": trial_seed, "record": encode(outcome)})
+        _stop_after(0, exercise_id, write)
         write({"exercise": exercise_id, "finished": True})
 
 
@@ -203,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exercises", required=True, help="comma-separated grade_ids of the exercises to run")
     parser.add_argument("--seed", type=int, required=True, help="the first hidden trial's seed (the grader's)")
     parser.add_argument("--records-fd", type=int, default=1, help="file descriptor the JSON lines go to")
+    parser.add_argument("--exercise-cpu", type=float, default=0.0,
+                        help="CPU seconds an exercise may use; past them the process ends (0: no limit)")
     args = parser.parse_args(argv)
     channel = os.fdopen(os.dup(args.records_fd), "w", buffering=1, encoding="utf-8")
     if args.records_fd == 1:  # the answers' own prints must not land among the records
@@ -213,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         channel.flush()
 
     namespace = build_namespace(args.released, args.submitted, write)
-    run([e for e in args.exercises.split(",") if e], args.seed, namespace, write)
+    run([e for e in args.exercises.split(",") if e], args.seed, namespace, write, args.exercise_cpu)
     write({"done": True})
     return 0
 

@@ -129,6 +129,8 @@ def _library_roots() -> tuple[str, ...]:
     roots.add(getattr(site, "getusersitepackages", lambda: "")())  # pip install --user
     # packages another environment lends this one (a .pth file, a virtualenv's system site packages)
     roots.update(p for p in sys.path if os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages"))
+    # and the folders PYTHONPATH adds (tools/gpu-check installs its wheels into one; the grader's sandbox adds one)
+    roots.update(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p))
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 

@@ -72,7 +72,7 @@ DROPPED = {
 
 # Needed by a notebook, but not carried: gpu-check reports that notebook as not run, and why.
 LEFT_OUT = {
-    "ray": "notebook 07's Ray: its wheel alone is larger than the 64 MiB a GPU machine's working tree may carry",
+    "ray": "notebook 08's Ray: its wheel alone is larger than the 64 MiB a GPU machine's working tree may carry",
 }
 
 MANYLINUX_X86_64 = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

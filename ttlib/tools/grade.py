@@ -101,6 +101,9 @@ def source_version(nb, name: str):
     header.source, n_badges = BADGE_PATH.subn(rf"\g<1>{STUDENT_DIR}/\g<2>", header.source, count=1)
     if n_badges != 1:
         raise GradingError(f"notebooks/{name}: its first cell has no Colab badge linking to notebooks/{name}")
+    nb.metadata.pop("ttlib", None)  # the record of the committed outputs' run (ttlib.tools.outputs): not the student's
+    for cell in nb.cells:
+        cell.metadata.pop("ttlib", None)
     return nb
 
 

@@ -67,20 +67,21 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
         box_limits = sandbox.Limits(**{**(limits.__dict__ if limits is not None else {}),
                                        "cpu_seconds": budget, "wall_seconds": 4 * budget})
         argv = [os.environ.get("TTLIB_PYTHON", _python()), "-m", "ttlib.exercises.hidden", "released.ipynb",
-                "submitted.ipynb", "--exercises", ",".join(remaining), "--seed", str(seed)]
+                "submitted.ipynb", "--exercises", ",".join(remaining), "--seed", str(seed),
+                "--exercise-cpu", f"{exercise_cpu:g}"]
         result = sandbox.run(argv, box_limits, protected=protected, files=files, name="hidden")
         run.seconds += result.wall_seconds
         run.cpu_seconds += result.cpu_seconds
         out = result.stdout.decode("utf-8", errors="replace").splitlines()
         lines += out
-        started, finished = _progress(out)
+        started, finished, ran_out = _progress(out)
         if result.stopped:
             run.notes.append(f"the hidden tests were stopped ({result.stopped}) while running "
                              f"{', '.join(started - finished) or 'the notebook definitions'}")
         unfinished = [e for e in remaining if e not in finished]
         stuck = [e for e in unfinished if e in started]
         for exercise in stuck:
-            stopped[exercise] = result.stopped
+            stopped[exercise] = ran_out.get(exercise) or result.stopped
         if not stuck:  # nothing started and was left unfinished: the runner cannot make progress
             if unfinished and not result.stopped and result.returncode != 0:
                 run.notes.append(f"the hidden tests' process ended with status {result.returncode}")
@@ -111,8 +112,9 @@ def _python() -> str:
     return sys.executable
 
 
-def _progress(lines: list[str]) -> tuple[set[str], set[str]]:
-    started, finished = set(), set()
+def _progress(lines: list[str]) -> tuple[set[str], set[str], dict[str, str]]:
+    """(the exercises started, those finished, {exercise: the limit it ran out of})."""
+    started, finished, ran_out = set(), set(), {}
     for line in lines:
         try:
             entry = json.loads(line)
@@ -123,7 +125,9 @@ def _progress(lines: list[str]) -> tuple[set[str], set[str]]:
                 started.add(entry["exercise"])
             if entry.get("finished"):
                 finished.add(entry["exercise"])
-    return started, finished
+            if isinstance(entry.get("stopped"), str):
+                ran_out.setdefault(entry["exercise"], entry["stopped"])
+    return started, finished, ran_out
 
 
 def _error(ename: str, message: str) -> dict:
