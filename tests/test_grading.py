@@ -18,9 +18,9 @@ in the gradebook):
   only (the hidden tests run the submission's definitions alone, in a process of their own), and is flagged;
 - on notebook 01 (cheap) four students each make one mistake that used to cost two exercises (the multi-head test
   ran the student's own attention and mask) or that only the multi-head test can see; "warns" is right but its
-  attention warns on every call (to stderr): full marks; three cheat (tests/wrong_answers/cheats.py, one class each):
-  each loses the exercise it cheated on, and totals.csv flags it -- "ipython_hook" hands in a blank notebook whose
-  first exercise cell wraps every later cell in try/except, and scores 0;
+  attention warns on every call (to stderr): full marks; one student per way of cheating in
+  tests/wrong_answers/cheats.py: each loses the exercise it cheated on, and totals.csv flags it -- "ipython_hook"
+  hands in a blank notebook whose first exercise cell wraps every later cell in try/except, and scores 0;
 - on notebook 02 (cheap, its three exercises independent) students hand in a partly correct notebook, one whose
   exercise raises, one whose decode loops forever (and later cells call it again), one with an edited and one with
   a deleted test cell, an encode that is wrong only on bin edges, quantile edges without their monotonicity fix, and
@@ -53,6 +53,7 @@ from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source
 
 from ttlib import cli
 from ttlib.tools import grade
+from ttlib.tools.outputs import cpu_hog
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -151,7 +152,7 @@ REFUSED = "refuses to run"  # what a delegating answer's failure says
 DELEGATED = [ATTENTION, CHEAP, "04_kv_cache"]  # the notebooks "delegator" hands in, every exercise delegated
 REBOUND = "unsolved, with the checking helpers rebound to do nothing"  # "rebinder"'s notebook 01 answer
 CHEATS = load_module(Path(__file__).parent / "wrong_answers" / "cheats.py").CHEATS
-CHEATERS = ["ipython_hook", "checker_frame", "exec_source"]  # one student each, on notebook 01's first exercise
+CHEATERS = list(CHEATS)  # one student per way of cheating, each on notebook 01's first exercise
 # notebook 01: mistakes in exercises 1 and 2 that used to zero exercise 3 as well, and one in exercise 3 itself
 ATTENTION_BUGS = {
     "no_scale": ("01-sdpa", "no 1/sqrt(d) scaling"),
@@ -295,17 +296,6 @@ RAN_IN = re.compile(r"ttlib: (\S+) ran in ([0-9.]+) s")
 HIDDEN_IN = re.compile(r"ttlib: (\S+)'s hidden tests: .*?, ([0-9.]+) s of CPU time")
 
 
-@contextlib.contextmanager
-def cpu_hog():
-    """As many busy processes as the machine has cores, for the duration."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
@@ -325,7 +315,7 @@ def graded(tmp_path_factory):
         for student, nb in submissions(assignment).items():
             nbformat.write(nb, folder / f"{student}.ipynb")
         out[f"collect {assignment}"] = run("ttlib", "grade", "collect", assignment, str(folder), env=env)
-        with cpu_hog() if assignment in HOGGED else contextlib.nullcontext():
+        with cpu_hog(os.cpu_count() or 2) if assignment in HOGGED else contextlib.nullcontext():
             log = run("nbgrader", "autograde", assignment, env={**env, **limits(assignment)})
         out[f"autograde {assignment}"] = log
         out["seconds"][assignment] = {student: float(seconds) for student, seconds in RAN_IN.findall(log)}

@@ -5,7 +5,8 @@ All of it is graded while a CPU hog runs (two busy processes on this 2-core mach
 Two `nbgrader autograde` runs, as when submissions come in over days:
 1. "ada" (every exercise right), "bob" (one plausible bug) and "breaker" (a hook that makes each test cell show
    1000 as its result, which nbgrader reads as partial credit and refuses: "partial credit cannot be greater than
-   maximum points"), graded with `--BoundedExecute.strip_score_outputs=False` so that nbgrader's bookkeeping fails
+   maximum points"), graded with `--BoundedExecute.strip_score_outputs=False --BoundedExecute.hidden_tests=False`
+   (the hidden tests' verdicts would drop those outputs too) so that nbgrader's bookkeeping fails
    for "breaker": it gets a clear 0 with the reason, an autograded notebook and feedback; ada and bob are graded
    normally. Then their feedback is generated.
 2. The attackers:
@@ -230,7 +231,8 @@ def graded(tmp_path_factory):
     out = {"root": root, "logs": {}, "peak": {}}
     hogs = busy(2)
     try:
-        for name, students, extra in (("first", first, ["--BoundedExecute.strip_score_outputs=False"]),
+        for name, students, extra in (("first", first, ["--BoundedExecute.strip_score_outputs=False",
+                                                         "--BoundedExecute.hidden_tests=False"]),
                                       ("second", second, [])):
             folder = tmp / name
             folder.mkdir()
@@ -296,7 +298,7 @@ def test_nothing_the_submissions_started_is_alive(graded):
 def test_an_escaping_memory_hog_is_counted_and_stopped(graded):
     nb = autograded(graded, "hog")
     died = [o for o in cell(nb, "02-decode-test").outputs if o.output_type == "error"]
-    assert died and died[0].ename in ("KernelDied", "NotRun") and "memory" in died[0].evalue, died
+    assert died and died[0].ename == "HiddenTestFailed" and "memory" in died[0].evalue, died  # there too
     assert graded["ran"]["hog"][1] < 60, "stopped by the memory limit, not by the clock (the cell sleeps 60 s)"
 
 

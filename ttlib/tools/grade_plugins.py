@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import tempfile
 
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
@@ -75,6 +74,29 @@ def _reads_as_score(output) -> bool:
 
 _WARNED: set[str] = set()  # guarantees already reported missing in this grading run (one warning per run)
 OUTPUT_NOTE = "[ttlib: output over the grading limit ({}): the rest was dropped]\n"
+
+
+def poll_shell_in_steps(kc, give_up=lambda: False, step: float = 0.5) -> None:
+    """Make nbclient's wait for a cell's reply poll the shell channel every `step` seconds. A cell that displays
+    widgets sends comm messages on the shell socket while nbclient waits on it for the reply, and that wait can
+    miss the reply and sleep until the cell's whole timeout (jupyter/nbclient#312); polling again finds it.
+    `give_up()` is asked at each step: True ends the wait as a timeout would."""
+    import time
+    from queue import Empty
+
+    get_msg = kc.shell_channel.get_msg
+
+    async def get_msg_in_steps(timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = step if deadline is None else max(0.0, min(step, deadline - time.monotonic()))
+            try:
+                return await get_msg(timeout=wait)
+            except Empty:
+                if (deadline is not None and time.monotonic() >= deadline) or give_up():
+                    raise
+
+    kc.shell_channel.get_msg = get_msg_in_steps
 
 
 def _answer_test_or_setup(cell) -> bool:
@@ -207,8 +229,8 @@ class BoundedExecute(Execute):
         self._judge(nb, resources or {}, student)
         return nb, resources
 
-    def _released(self, resources) -> nbformat.NotebookNode | None:
-        """The notebook as released to students (its setup cells are the instructor's), or None."""
+    def _released(self, resources) -> str | None:
+        """The path of the notebook as released to students (its setup cells are the instructor's), or None."""
         from nbgrader.coursedir import CourseDirectory
 
         info = resources.get("nbgrader") or {}
@@ -218,7 +240,7 @@ class BoundedExecute(Execute):
         for step in (coursedir.release_directory, coursedir.source_directory):
             path = os.path.join(coursedir.format_path(step, ".", info["assignment"]), f"{info['notebook']}.ipynb")
             if os.path.isfile(path):
-                return nbformat.read(path, as_version=4)
+                return path
         return None
 
     def _judge(self, nb, resources, student: str) -> None:
@@ -230,7 +252,7 @@ class BoundedExecute(Execute):
         if released is None:
             self.log.warning("ttlib: %s: no released notebook found; the kernel's run decides the scores", student)
             return
-        flags = [str(f) for f in scan.scan_notebook(nb, released)]
+        flags = [str(f) for f in scan.scan_notebook(nb, nbformat.read(released, as_version=4))]
         nb.metadata["ttlib"] = {"flags": flags}
         if flags:
             self.log.warning("ttlib: %s flagged for review: %s", student, "; ".join(flags))
@@ -238,12 +260,8 @@ class BoundedExecute(Execute):
             return
         limits = sandbox.Limits(memory_bytes=self._memory_bytes, file_size_bytes=int(self.file_size_limit or
                                 self._memory_bytes), output_bytes=16 * 2**20, threads=self.threads or None)
-        protected = self._box_protected if self._box_protected else ()
-        with tempfile.TemporaryDirectory(prefix="ttlib-release-") as folder:
-            path = os.path.join(folder, "released.ipynb")
-            nbformat.write(released, path)
-            run = hidden_tests.run_hidden(nb, path, limits=limits, protected=protected,
-                                          exercise_cpu=_env_number("TTLIB_GRADE_EXERCISE_CPU", self.exercise_cpu))
+        run = hidden_tests.run_hidden(nb, released, limits=limits, protected=self._box_protected,
+                                      exercise_cpu=_env_number("TTLIB_GRADE_EXERCISE_CPU", self.exercise_cpu))
         hidden_tests.apply_verdicts(nb, run.verdicts)
         failed = [g for g, verdict in run.verdicts.items() if verdict is not None]
         self.log.info("ttlib: %s's hidden tests: %d of %d passed, %.1f s of CPU time, %.1f s on the clock%s",
@@ -299,28 +317,11 @@ class BoundedExecute(Execute):
         return await super().async_start_new_kernel(**kwargs)
 
     async def async_start_new_kernel_client(self):
-        """The kernel client, with its shell channel polled in short steps. A cell that displays widgets sends comm
-        messages on the shell socket while nbclient waits on it for the cell's reply, and that wait can miss the
-        reply and sleep until the cell's whole timeout (jupyter/nbclient#312): polling again every half second
-        finds the reply. Each step also checks the CPU budgets: a cell over its CPU seconds is handled like
-        nbclient's timeout (interrupted, CellTimeoutError)."""
-        import time
-        from queue import Empty
-
+        """The kernel client, its shell channel polled in short steps (`poll_shell_in_steps`); each step also
+        checks the CPU budgets: a cell over its CPU seconds is handled like nbclient's timeout (interrupted,
+        CellTimeoutError)."""
         kc = await super().async_start_new_kernel_client()
-        get_msg = kc.shell_channel.get_msg
-
-        async def get_msg_in_steps(timeout=None):
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                step = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-                try:
-                    return await get_msg(timeout=step)
-                except Empty:
-                    if (deadline is not None and time.monotonic() >= deadline) or self._over_cpu_budget():
-                        raise
-
-        kc.shell_channel.get_msg = get_msg_in_steps
+        poll_shell_in_steps(kc, give_up=self._over_cpu_budget)
         return kc
 
     # nbclient's blocking versions wrap its own coroutines: wrap ours, or setup_kernel never calls them
