@@ -297,8 +297,10 @@ def test_nothing_the_submissions_started_is_alive(graded):
 
 def test_an_escaping_memory_hog_is_counted_and_stopped(graded):
     nb = autograded(graded, "hog")
-    died = [o for o in cell(nb, "02-decode-test").outputs if o.output_type == "error"]
-    assert died and died[0].ename == "HiddenTestFailed" and "memory" in died[0].evalue, died  # there too
+    died = [o for o in cell(nb, "02-decode").outputs if o.output_type == "error"]  # the cell that started it
+    assert died and died[0].ename == "KernelDied" and "memory" in died[0].evalue, died
+    verdict = [o for o in cell(nb, "02-decode-test").outputs if o.output_type == "error"]
+    assert [o.ename for o in verdict] == ["HiddenTestFailed"] and "decode is not defined" in verdict[0].evalue
     assert graded["ran"]["hog"][1] < 60, "stopped by the memory limit, not by the clock (the cell sleeps 60 s)"
 
 

@@ -218,7 +218,8 @@ def play_in_waves(seeds: list[int], wave: int, play, progress: bool) -> EvalResu
     gather one EvalResult. The Trajectory Transformer (here) and the Decision Transformer (ttlib.dt) share it."""
     t0 = time.perf_counter()
     returns, lengths, clipped, frames, plans = [], [], 0, [], []
-    bar = tqdm(total=len(seeds), desc="episodes", unit="ep", disable=not progress)
+    bar = tqdm(total=len(seeds), desc="episodes", unit="ep", disable=not progress, mininterval=1.0,
+               miniters=0)  # redrawn once a second at most, also between episodes (update(0) each step)
     for start in range(0, len(seeds), wave):
         done = play(seeds[start:start + wave], start == 0, bar)
         returns, lengths, clipped = returns + done.returns, lengths + done.lengths, clipped + done.clipped
@@ -320,8 +321,10 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
             plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers, critic=critic)
             if first:
                 plans.append((batch.step, _row(plan, 0)))
+            # moves every step, also while no episode has ended yet; drawn at most once a second (tqdm's
+            # mininterval): a notebook's progress widget then sends a few hundred messages, not one a step
+            bar.set_postfix_str(f"step {batch.step + 1}", refresh=False)
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))
-            bar.set_postfix_str(f"step {batch.step}")  # moves every step, also while no episode has ended yet
             threads.keep_fitting()  # as many torch threads as the other programs leave cores free
         return Episodes(list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans)
     finally:

@@ -74,14 +74,15 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
         run.cpu_seconds += result.cpu_seconds
         out = result.stdout.decode("utf-8", errors="replace").splitlines()
         lines += out
-        started, finished, ran_out = _progress(out)
+        started, finished, ran_out, said = _progress(out)
         if result.stopped:
             run.notes.append(f"the hidden tests were stopped ({result.stopped}) while running "
                              f"{', '.join(started - finished) or 'the notebook definitions'}")
         unfinished = [e for e in remaining if e not in finished]
         stuck = [e for e in unfinished if e in started]
         for exercise in stuck:
-            stopped[exercise] = ran_out.get(exercise) or result.stopped
+            if exercise not in said:  # (one the runner judged itself, e.g. a missing function, keeps that message)
+                stopped[exercise] = ran_out.get(exercise) or result.stopped
         if not stuck:  # nothing started and was left unfinished: the runner cannot make progress
             if unfinished and not result.stopped and result.returncode != 0:
                 run.notes.append(f"the hidden tests' process ended with status {result.returncode}")
@@ -112,9 +113,10 @@ def _python() -> str:
     return sys.executable
 
 
-def _progress(lines: list[str]) -> tuple[set[str], set[str], dict[str, str]]:
-    """(the exercises started, those finished, {exercise: the limit it ran out of})."""
-    started, finished, ran_out = set(), set(), {}
+def _progress(lines: list[str]) -> tuple[set[str], set[str], dict[str, str], set[str]]:
+    """(the exercises started, those finished, {exercise: the limit it ran out of}, those the runner reported an
+    error for)."""
+    started, finished, ran_out, said = set(), set(), {}, set()
     for line in lines:
         try:
             entry = json.loads(line)
@@ -127,7 +129,9 @@ def _progress(lines: list[str]) -> tuple[set[str], set[str], dict[str, str]]:
                 finished.add(entry["exercise"])
             if isinstance(entry.get("stopped"), str):
                 ran_out.setdefault(entry["exercise"], entry["stopped"])
-    return started, finished, ran_out
+            if "error" in entry:
+                said.add(entry["exercise"])
+    return started, finished, ran_out, said
 
 
 def _error(ename: str, message: str) -> dict:
