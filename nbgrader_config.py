@@ -11,7 +11,7 @@ c.CourseDirectory.root = os.path.abspath(os.environ.get("TTLIB_COURSE_DIR")
                                          or os.path.join(os.path.dirname(os.path.abspath(__file__)), "grading"))
 
 # Autograding runs each submission with ttlib.tools.grade_plugins.BoundedExecute in place of nbgrader's Execute (see
-# README.md, "For instructors"). The kernel runs the release's setup cells, the answers and the test cells, and only
+# docs/GRADING.md). The kernel runs the release's setup cells, the answers and the test cells, and only
 # the definitions of every other cell; the hidden tests then run in a process of their own and decide the points; a
 # static scan flags what an instructor should read. Each kernel runs in ttlib.tools.sandbox (Linux; `ttlib grade
 # doctor` says what holds on this machine): it writes only a scratch folder of its own, reads no other student's
