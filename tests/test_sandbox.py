@@ -392,3 +392,23 @@ def test_the_doctor_says_what_holds(capsys):
     assert cli.main(["grade", "doctor"]) == 0
     out = capsys.readouterr().out
     assert f"Landlock ABI {sandbox.capabilities().landlock_abi}" in out and "holds:" in out
+
+
+def test_grading_waits_for_a_slow_kernels_output_and_says_so_when_it_never_comes():
+    """nbclient waits 4 s on the clock for a cell's last output once the kernel has answered, and nbgrader makes
+    that wait an error that stops the notebook: on a busy machine an honest submission lost every point to it.
+    Grading waits `iopub_timeout` (120 s); when even that runs out, the notebook says which wait ran out."""
+    import nbformat
+
+    from ttlib.tools.grade_plugins import BoundedExecute
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('an answer')"),
+                                         nbformat.v4.new_code_cell("print('a test')")])
+    nb.cells[1].metadata["nbgrader"] = {"grade": True, "grade_id": "t", "points": 1}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    assert BoundedExecute().iopub_timeout >= 60
+    out, _ = BoundedExecute(hidden_tests=False).preprocess(nbformat.from_dict(nb), {})
+    assert [o.get("text") for o in out.cells[1].outputs] == ["a test\n"]
+    out, _ = BoundedExecute(hidden_tests=False, iopub_timeout=0).preprocess(nbformat.from_dict(nb), {})
+    [error] = out.cells[1].outputs  # its own wait ran out, or the answer's did and it was not run
+    assert error.ename in ("CellTimeoutError", "NotRun") and "output did not arrive within 0 s" in error.evalue, error

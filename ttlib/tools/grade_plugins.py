@@ -130,7 +130,9 @@ class BoundedExecute(Execute):
       a machine running other work): `timeout` per cell (as in nbgrader) and `notebook_timeout` for the whole
       notebook, kernel start included; each cell gets at most what is left of the notebook's time. A clock backstop,
       `wall_factor` times larger, still ends a submission that sleeps. A looping function that later cells call
-      again, or a reply nbclient misses (jupyter/nbclient#312), cannot stretch a submission past these;
+      again, or a reply nbclient misses (jupyter/nbclient#312), cannot stretch a submission past these. A cell's
+      last output is awaited `iopub_timeout` s on the clock after the kernel's reply (nbclient's 4 s, which
+      nbgrader makes fatal, cost an honest submission on a busy machine all its points);
     - `memory_limit` (bytes): the kernel and every process it started (setsid'd ones included, where the sandbox
       runs); past it the whole tree is killed;
     - output: at most `output_limit` characters per cell and `notebook_output_limit` per notebook are kept (the rest
@@ -180,6 +182,9 @@ class BoundedExecute(Execute):
     hidden_tests = Bool(True, help="decide the test cells of ttlib.exercises by their hidden tests, run in a "
                                    "process of their own").tag(config=True)
     exercise_cpu = Float(120.0, help="CPU seconds the hidden tests of one exercise may use").tag(config=True)
+    iopub_timeout = Integer(120, help="seconds on the clock to wait for a cell's last output once the kernel has "
+                                      "answered (nbclient waits 4: a busy machine delays it, and nbgrader then "
+                                      "stops the notebook)").tag(config=True)
     strip_score_outputs = Bool(True, help="remove from test cells the outputs nbgrader reads as partial credit (this "
                                           "course gives none: a submission could set its own score)").tag(config=True)
 
@@ -433,9 +438,15 @@ class BoundedExecute(Execute):
             cell.outputs = [_error("KernelDied", f"the kernel died while running this cell: {why}. The cells "
                                                  "after it were not run.")]
             return cell, self.resources
-        except CellTimeoutError as e:  # nbclient gave up waiting for the kernel's output after a timeout
-            self._stopped = "the kernel stopped answering after a cell ran too long"
-            cell.outputs = [_error("CellTimeoutError", str(e).splitlines()[0] if str(e) else "timeout")]
+        except CellTimeoutError as e:  # nbclient gave up waiting for the kernel's reply or output after a timeout
+            if "IOPub" in str(e):
+                why = (f"the kernel's output did not arrive within {self.iopub_timeout} s of its reply (a machine "
+                       "too busy, or output still pouring out)")
+                self._stopped = f"after an earlier cell, {why}"
+            else:
+                why = str(e).splitlines()[0] if str(e) else "timeout"
+                self._stopped = "the kernel stopped answering after a cell ran too long"
+            cell.outputs = [_error("CellTimeoutError", why)]
             return cell, self.resources
         finally:
             cell.source = source
