@@ -191,6 +191,28 @@ def test_a_notebook_needing_a_package_left_out_is_not_run_rather_than_failed(tmp
     assert gpu_check.notebook_status(dict(said), {"numpy": "installed here"}) == "failed"
 
 
+def test_a_notebook_stopped_at_its_limit_says_which_cell_was_running(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# a slow notebook"), nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]
+    nbformat.write(nb, tmp_path / "slow.ipynb")
+    out = tmp_path / "result.json"
+    process = subprocess.Popen([sys.executable, "-m", "ttlib.tools.gpu_check", "--part", "notebook", "--notebook",
+                                str(tmp_path / "slow.ipynb"), "--result", str(out)], cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out.exists() and json.loads(out.read_text())["cell"] == 2):
+            time.sleep(0.2)
+    finally:
+        gpu_check.kill_tree(process.pid)
+        process.wait()
+    reported = json.loads(out.read_text())
+    assert reported["outcome"] == "running" and reported["source"] == ["import time"]
+    assert list(reported["slowest_cells_s"]) == [f"1 {nb.cells[1].id}"]
+    status = gpu_check.notebook_status(dict(reported, status="timed out"), {})
+    assert status == f"timed out in cell 2 ({nb.cells[2].id})"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--smoke"], "--out DIR is required"),
     (["--out", "x", "--notebooks", "99_nothing.ipynb"], "not course notebooks: 99_nothing.ipynb"),

@@ -146,13 +146,31 @@ def part_notebook(args, save) -> dict:
 
     path = Path(args.notebook) if os.sep in args.notebook else ROOT / "notebooks" / args.notebook
     nb = nbformat.read(path, as_version=4)
+    started, slowest = time.monotonic(), {}  # slowest: the cells that took longest so far, seconds by cell id
+
+    def cell_starts(cell, cell_index, **_):  # saved as it happens: a notebook killed at its limit says where
+        if cell.cell_type != "code":
+            return
+        save({"outcome": "running", "cell": cell_index, "cell_id": cell.get("id"),
+              "source": cell.source.splitlines()[:1], "at_s": round(time.monotonic() - started, 1),
+              "slowest_cells_s": dict(sorted(slowest.items(), key=lambda kv: -kv[1])[:5])})
+        slowest[f"{cell_index} {cell.get('id')}"] = -time.monotonic()
+
+    def cell_ends(cell, cell_index, **_):
+        if cell.cell_type != "code":
+            return
+        slowest[f"{cell_index} {cell.get('id')}"] = round(slowest[f"{cell_index} {cell.get('id')}"] +
+                                                          time.monotonic(), 1)
+
     client = NotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_start=cell_starts, on_cell_complete=cell_ends)
     try:
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:
         return {"outcome": "failed", **where_it_failed(nb, error)}
-    return {"outcome": "passed", "cells": sum(c.cell_type == "code" for c in nb.cells)}
+    return {"outcome": "passed", "cells": sum(c.cell_type == "code" for c in nb.cells),
+            "slowest_cells_s": dict(sorted(slowest.items(), key=lambda kv: -kv[1])[:5])}
 
 
 def where_it_failed(nb, error) -> dict:
@@ -361,6 +379,8 @@ def notebook_status(result: dict, left_out: dict) -> str:
     installed here, and that its error names -- as a missing module, or as "X ... not installed" (ttlib's own
     message when Ray is missing)."""
     outcome = result.pop("outcome", None)  # the notebook's; "status" is its process's
+    if outcome == "running":  # stopped at its limit while this cell ran
+        return f"{result['status']} in cell {result.get('cell')} ({result.get('cell_id')})"
     for package, why in left_out.items():
         named = result.get("missing_module") == package or re.search(
             rf"\b{re.escape(package)}\b[^.]*\bnot installed", result.get("evalue", ""), re.IGNORECASE)
