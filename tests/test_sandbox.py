@@ -9,6 +9,7 @@ a subreaper, must find and end every process.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -402,13 +403,36 @@ def test_grading_waits_for_a_slow_kernels_output_and_says_so_when_it_never_comes
 
     from ttlib.tools.grade_plugins import BoundedExecute
 
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('an answer')"),
-                                         nbformat.v4.new_code_cell("print('a test')")])
+    flood = "for i in range(3000):\n    print(i, flush=True)"  # 3000 messages: the last arrives after the reply
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(flood), nbformat.v4.new_code_cell(flood)])
     nb.cells[1].metadata["nbgrader"] = {"grade": True, "grade_id": "t", "points": 1}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     assert BoundedExecute().iopub_timeout >= 60
     out, _ = BoundedExecute(hidden_tests=False).preprocess(nbformat.from_dict(nb), {})
-    assert [o.get("text") for o in out.cells[1].outputs] == ["a test\n"]
+    assert "".join(o.get("text", o.get("ename", "")) for o in out.cells[1].outputs).endswith("2999\n")
     out, _ = BoundedExecute(hidden_tests=False, iopub_timeout=0).preprocess(nbformat.from_dict(nb), {})
     [error] = out.cells[1].outputs  # its own wait ran out, or the answer's did and it was not run
     assert error.ename in ("CellTimeoutError", "NotRun") and "output did not arrive within 0 s" in error.evalue, error
+
+
+def test_what_the_grader_imports_is_not_taken_for_a_kernels_output():
+    """The guard against a kernel's output piling up in the grading process counts what the grader grows by. The
+    grader's own first import of ttlib.exercises (torch, about 500 MiB) once fell in the first submission of a run
+    and killed its kernel as a flood: an honest student got 0. Here, in a fresh process and with a guard of 150
+    MiB, the first notebook runs whole."""
+    script = textwrap.dedent('''
+        import json, sys
+        import nbformat
+        from ttlib.tools.grade_plugins import BoundedExecute
+        assert "torch" not in sys.modules, "the grader has not imported torch yet"
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
+                                             nbformat.v4.new_code_cell("import time; time.sleep(1); print(x)")])
+        nb.cells[1].metadata["nbgrader"] = {"grade": True, "grade_id": "t", "points": 1}
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        out, _ = BoundedExecute(hidden_tests=False, grader_memory_limit=150 * 2**20).preprocess(nb, {})
+        print(json.dumps(out.cells[1].outputs))
+    ''')
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [o.get("text") for o in outputs] == ["1\n"], outputs

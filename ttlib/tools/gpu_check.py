@@ -141,8 +141,9 @@ def part_rollouts(args, save) -> dict:
 def part_notebook(args, save) -> dict:
     """Run one notebook with nbclient, in the notebooks folder, as a learner's kernel would."""
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    from .nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
 
     path = Path(args.notebook) if os.sep in args.notebook else ROOT / "notebooks" / args.notebook
     nb = nbformat.read(path, as_version=4)
@@ -162,9 +163,9 @@ def part_notebook(args, save) -> dict:
         slowest[f"{cell_index} {cell.get('id')}"] = round(slowest[f"{cell_index} {cell.get('id')}"] +
                                                           time.monotonic(), 1)
 
-    client = NotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}},
-                            on_cell_start=cell_starts, on_cell_complete=cell_ends)
+    client = PollingNotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
+                                   resources={"metadata": {"path": str(path.parent)}},
+                                   on_cell_start=cell_starts, on_cell_complete=cell_ends)
     try:
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:

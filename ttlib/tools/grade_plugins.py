@@ -26,6 +26,8 @@ from nbgrader.preprocessors import OverwriteCells as _OverwriteCells
 from nbgrader.preprocessors import SaveAutoGrades as _SaveAutoGrades
 from traitlets import Bool, Float, Integer
 
+from .nbrun import poll_shell_in_steps
+
 
 # ---- autograde: a bounded, contained run per submission ----------------------------------------------------------
 def _gib(n_bytes: float) -> str:
@@ -74,29 +76,6 @@ def _reads_as_score(output) -> bool:
 
 _WARNED: set[str] = set()  # guarantees already reported missing in this grading run (one warning per run)
 OUTPUT_NOTE = "[ttlib: output over the grading limit ({}): the rest was dropped]\n"
-
-
-def poll_shell_in_steps(kc, give_up=lambda: False, step: float = 0.5) -> None:
-    """Make nbclient's wait for a cell's reply poll the shell channel every `step` seconds. A cell that displays
-    widgets sends comm messages on the shell socket while nbclient waits on it for the reply, and that wait can
-    miss the reply and sleep until the cell's whole timeout (jupyter/nbclient#312); polling again finds it.
-    `give_up()` is asked at each step: True ends the wait as a timeout would."""
-    import time
-    from queue import Empty
-
-    get_msg = kc.shell_channel.get_msg
-
-    async def get_msg_in_steps(timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            wait = step if deadline is None else max(0.0, min(step, deadline - time.monotonic()))
-            try:
-                return await get_msg(timeout=wait)
-            except Empty:
-                if (deadline is not None and time.monotonic() >= deadline) or give_up():
-                    raise
-
-    kc.shell_channel.get_msg = get_msg_in_steps
 
 
 def _answer_test_or_setup(cell) -> bool:
@@ -207,7 +186,12 @@ class BoundedExecute(Execute):
         self._notebook_output = 0
         self._cell_output, self._cell_noted, self._cell_cpu0 = 0, False, 0.0
         self._watchdog = None
-        self._grader_memory = sandbox.own_memory()  # what the grader held before this submission
+        # what the grader imports anyway (ttlib.exercises brings torch, about 500 MiB), imported before its memory
+        # is taken as the baseline of the guard against a kernel's output piling up here (taken again at the
+        # kernel's first cell)
+        from ..exercises import GRADING_ENV  # noqa: F401
+        from . import hidden_tests, scan  # noqa: F401
+        self._grader_memory = sandbox.own_memory()
         self._box_protected = []
         self._box = self._make_sandbox(resources or {}) if self.sandbox else None
         self.timeout_func = self._cell_timeout
@@ -354,6 +338,8 @@ class BoundedExecute(Execute):
         pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
         if pid is None or (self._watchdog is not None and self._watchdog.pid == pid):
             return
+        self._grader_memory = sandbox.own_memory()  # after the kernel's start, whatever it made the grader import
+
         def grader_grows():  # messages the kernel sends faster than they are read pile up in this process
             if sandbox.own_memory() > self._grader_memory + self.grader_memory_limit:
                 return "grader memory"

@@ -72,22 +72,14 @@ def cpu_hog(processes: int):
 
 def execute(name: str, timeout: int = 1800) -> tuple[nbformat.NotebookNode, float]:
     """(the notebook run top to bottom in full mode in notebooks/, seconds on the clock)."""
-    from nbclient import NotebookClient
-
-    from .grade_plugins import poll_shell_in_steps
-
-    class Client(NotebookClient):
-        async def async_start_new_kernel_client(self):
-            kc = await super().async_start_new_kernel_client()
-            poll_shell_in_steps(kc)  # a widget cell's reply is not missed (jupyter/nbclient#312)
-            return kc
+    from .nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
 
     nb = nbformat.read(FOLDER / name, as_version=4)
     env_fast = os.environ.pop("TTLIB_FAST", None)  # full mode: what a learner runs
     start = time.monotonic()
     try:
-        Client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(FOLDER)}},
-                       record_timing=False).execute()
+        PollingNotebookClient(nb, timeout=timeout, kernel_name="python3",
+                              resources={"metadata": {"path": str(FOLDER)}}, record_timing=False).execute()
     finally:
         if env_fast is not None:
             os.environ["TTLIB_FAST"] = env_fast
