@@ -143,6 +143,8 @@ def test_other_students_and_the_gradebook_are_out_of_reach(mode, tmp_path):
 
 def test_ttlib_its_assets_and_the_datasets_are_readable_not_the_repository(mode):
     repo = Path(sandbox.ttlib_paths()["package"]).parent
+    # the datasets folder as Minari makes it: a run with its own MINARI_DATASETS_PATH may not have built one yet
+    Path(sandbox.ttlib_paths()["datasets"]).mkdir(parents=True, exist_ok=True)
     r = python(f"""
         import os, ttlib, ttlib.tools.sandbox
         print(os.path.realpath(ttlib.__file__).startswith({str(repo / "ttlib")!r}))
