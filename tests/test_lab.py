@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from test_browser import free_port, stop, wait_for_server  # tests/ is on sys.path under pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,8 @@ def test_learners_get_the_student_notebooks_without_instructor_tools(tmp_path):
         assert "01_attention.ipynb" in names and "conftest.py" not in names and "student" not in names
     finally:
         stop(learner)
+    with pytest.raises(urllib.error.URLError):  # stopping `ttlib lab` stopped its server: none is left behind
+        urllib.request.urlopen(url + "api", timeout=10)
     instructor, url = serve([sys.executable, "-m", "jupyter", "lab"], tmp_path, "instructor")
     try:
         assert "@jupyter/nbgrader" not in disabled_extensions(url)

@@ -39,6 +39,8 @@ def main(extra: list[str]) -> int:
     root = course_notebooks()
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", *extra]
     print(f"JupyterLab on {root} (the exercises are yours to fill in; stop it with Ctrl-C)", flush=True)
+    if os.name == "posix":  # JupyterLab takes this process's place: whatever stops `ttlib lab` stops the server
+        os.execve(sys.executable, command, learner_env())
     try:
         return subprocess.call(command, env=learner_env())
     except KeyboardInterrupt:
