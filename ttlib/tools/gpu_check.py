@@ -147,21 +147,21 @@ def part_notebook(args, save) -> dict:
 
     path = Path(args.notebook) if os.sep in args.notebook else ROOT / "notebooks" / args.notebook
     nb = nbformat.read(path, as_version=4)
-    started, slowest = time.monotonic(), {}  # slowest: the cells that took longest so far, seconds by cell id
+    started, began, seconds = time.monotonic(), {}, {}  # when each code cell began; how long each took
+
+    def slowest() -> dict:
+        return dict(sorted(seconds.items(), key=lambda kv: -kv[1])[:5])
 
     def cell_starts(cell, cell_index, **_):  # saved as it happens: a notebook killed at its limit says where
-        if cell.cell_type != "code":
-            return
-        save({"outcome": "running", "cell": cell_index, "cell_id": cell.get("id"),
-              "source": cell.source.splitlines()[:1], "at_s": round(time.monotonic() - started, 1),
-              "slowest_cells_s": dict(sorted(slowest.items(), key=lambda kv: -kv[1])[:5])})
-        slowest[f"{cell_index} {cell.get('id')}"] = -time.monotonic()
+        if cell.cell_type == "code":
+            began[cell_index] = time.monotonic()
+            save({"outcome": "running", "cell": cell_index, "cell_id": cell.get("id"),
+                  "source": cell.source.splitlines()[:1], "at_s": round(began[cell_index] - started, 1),
+                  "slowest_cells_s": slowest()})
 
     def cell_ends(cell, cell_index, **_):
-        if cell.cell_type != "code":
-            return
-        slowest[f"{cell_index} {cell.get('id')}"] = round(slowest[f"{cell_index} {cell.get('id')}"] +
-                                                          time.monotonic(), 1)
+        if cell_index in began:
+            seconds[f"{cell_index} {cell.get('id')}"] = round(time.monotonic() - began[cell_index], 1)
 
     client = PollingNotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
                                    resources={"metadata": {"path": str(path.parent)}},
@@ -171,7 +171,7 @@ def part_notebook(args, save) -> dict:
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:
         return {"outcome": "failed", **where_it_failed(nb, error)}
     return {"outcome": "passed", "cells": sum(c.cell_type == "code" for c in nb.cells),
-            "slowest_cells_s": dict(sorted(slowest.items(), key=lambda kv: -kv[1])[:5])}
+            "slowest_cells_s": slowest()}
 
 
 def where_it_failed(nb, error) -> dict:

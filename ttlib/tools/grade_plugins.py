@@ -186,12 +186,6 @@ class BoundedExecute(Execute):
         self._notebook_output = 0
         self._cell_output, self._cell_noted, self._cell_cpu0 = 0, False, 0.0
         self._watchdog = None
-        # what the grader imports anyway (ttlib.exercises brings torch, about 500 MiB), imported before its memory
-        # is taken as the baseline of the guard against a kernel's output piling up here (taken again at the
-        # kernel's first cell)
-        from ..exercises import GRADING_ENV  # noqa: F401
-        from . import hidden_tests, scan  # noqa: F401
-        self._grader_memory = sandbox.own_memory()
         self._box_protected = []
         self._box = self._make_sandbox(resources or {}) if self.sandbox else None
         self.timeout_func = self._cell_timeout
@@ -338,7 +332,9 @@ class BoundedExecute(Execute):
         pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
         if pid is None or (self._watchdog is not None and self._watchdog.pid == pid):
             return
-        self._grader_memory = sandbox.own_memory()  # after the kernel's start, whatever it made the grader import
+        # the guard's baseline, taken once the kernel has started: what starting it made the grader import (torch,
+        # about 500 MiB, the first time) is not the kernel's output
+        self._grader_memory = sandbox.own_memory()
 
         def grader_grows():  # messages the kernel sends faster than they are read pile up in this process
             if sandbox.own_memory() > self._grader_memory + self.grader_memory_limit:
