@@ -59,7 +59,14 @@ def test_bench_planning_json_has_the_promised_keys():
     p = PRESETS["tiny"]  # the figure is the count test_planning checks in closed form, for this preset
     planner = PlannerConfig(beam_width=p.beam_width, horizon=p.horizon, context=p.context,
                             sample_expand=p.sample_expand)
-    assert out["gflop_per_plan"] == plan_flops(random_model(p)[0].config, planner, batch=1) / 1e9
+    config = random_model(p)[0].config
+    assert out["gflop_per_plan"] == plan_flops(config, planner, batch=1) / 1e9
+    # the products replayed alone are the plan's: its linear FLOPs are the count's (plus the expectations'
+    # matrix-vector products, 0.03%), and each replay is one ratio to the floor and one to the plan
+    assert out["gflop_linear_made"] == pytest.approx(plan_flops(config, planner, 1, attention=False) / 1e9, rel=1e-3)
+    assert out["gflop_attention_made"] > 0 and out["ms_products_alone"] > 0
+    alone, plan_over = out["products_alone_over_floor"], out["plan_over_products_alone"]
+    assert alone["n"] == plan_over["n"] == 2 and alone["min"] <= alone["median"] <= alone["max"]
 
 
 def test_bench_profile_splits_the_time_of_a_plan():

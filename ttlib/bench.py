@@ -15,7 +15,9 @@ random weights; the rollout benchmark uses the shipped checkpoint on the course 
 The FLOP floor: a plan's matmul FLOPs (`plan_flops`) divided by the rate at which this machine multiplies two
 large float32 matrices (`matmul_rate`), the fastest any implementation could go. The planning benchmark times a
 plan and that product alternately and reports their ratio, so that a busy machine slows both alike; the
-figure travels across CPUs where an absolute time does not.
+figure travels across CPUs where an absolute time does not. Beside them it times the plan's own matrix products
+alone (recorded from one plan, replayed at their own sizes with nothing between them): how far those are from the
+floor is what the matrix library does at a beam search's sizes; how far the plan is from them is everything else.
 """
 
 from __future__ import annotations
@@ -158,11 +160,13 @@ def token_flops(config: GPTConfig, keys: int, head: bool) -> int:
     return config.n_layer * per_layer + (2 * C * config.n_bins if head else 0)
 
 
-def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int) -> int:
-    """Matmul FLOPs of one cached beam_plan call for `batch` environments (counted the way beam_plan runs)."""
+def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int, attention: bool = True) -> int:
+    """Matmul FLOPs of one cached beam_plan call for `batch` environments (counted the way beam_plan runs).
+    attention=False: the linear layers' and heads' alone."""
     O, A, td = config.obs_dim, config.act_dim, config.transition_dim
     P = (planner.context - 1) * td + O
-    flops = batch * sum(token_flops(config, p + 1, head=p == P - 1) for p in range(P))  # the context, once
+    keys = (lambda position: position) if attention else (lambda position: 0)
+    flops = batch * sum(token_flops(config, keys(p + 1), head=p == P - 1) for p in range(P))  # the context, once
     W, X, pos = planner.beam_width, planner.sample_expand, P
     for t in range(planner.horizon):
         fed = [W * X] * (A + 1)  # action tokens and the reward, on every child
@@ -170,8 +174,66 @@ def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int) -> int:
             fed += [W] * (1 + O)  # value and next observation, on the survivors
         for rows in fed:
             pos += 1
-            flops += batch * rows * token_flops(config, pos, head=True)
+            flops += batch * rows * token_flops(config, keys(pos), head=True)
     return flops
+
+
+# ---- the products a plan makes, without the plan ----------------------------------------------------------
+LINEAR_PRODUCTS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul")  # the linear layers and heads
+ATTENTION_PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::baddbmm_")  # scores and weighted values
+
+
+def recorded_products(fn) -> list:
+    """The matrix products one fn() call makes, in order, as (operation, input shapes), seen where PyTorch
+    dispatches each operation to its kernel. (The context's attention, one fused `scaled_dot_product_attention`
+    per layer, is not among them.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    products = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = f"aten::{func.overloadpacket.__name__}"
+            if name in LINEAR_PRODUCTS + ATTENTION_PRODUCTS:
+                products.append((name, [list(a.shape) for a in args[:3] if isinstance(a, torch.Tensor)]))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        fn()
+    return products
+
+
+def product_flops(products: list, kinds: tuple) -> int:
+    """FLOPs of the recorded products of the given kinds: 2 per multiply-add."""
+    flops = 0
+    for name, shapes in products:
+        if name in kinds:  # a (.., M, K) times b (.., K, N) or (K,); linear: b is the weight, (N, K)
+            a, b = shapes[1:3] if name in ("aten::addmm", "aten::baddbmm", "aten::baddbmm_") else shapes[:2]
+            flops += 2 * int(np.prod(a)) * (b[0] if name == "aten::linear" else b[-1] if len(b) > 1 else 1)
+    return flops
+
+
+def replay(products: list, device="cpu", dtype=torch.float32):
+    """fn() that makes the same products in the same order and nothing else: one tensor per shape, reused, as a
+    plan reuses its weights. Timed beside the plan, it says how much of the plan is its matrix products at their
+    own sizes, and how far those alone are from the FLOP floor."""
+    tensors = {}
+
+    def tensor(shape):
+        if tuple(shape) not in tensors:
+            tensors[tuple(shape)] = torch.randn(shape, device=device).to(dtype)
+        return tensors[tuple(shape)]
+
+    ops = {"aten::mm": torch.mm, "aten::addmm": torch.addmm, "aten::linear": torch.nn.functional.linear,
+           "aten::matmul": torch.matmul, "aten::bmm": torch.bmm,
+           "aten::baddbmm": torch.baddbmm, "aten::baddbmm_": torch.Tensor.baddbmm_}
+    calls = [(ops[name], [tensor(shape) for shape in shapes]) for name, shapes in products]
+
+    @torch.inference_mode()
+    def run():
+        for op, args in calls:
+            op(*args)
+    return run
 
 
 # ---- benchmarks ---------------------------------------------------------------------------------------------
@@ -207,9 +269,10 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
     """ms per beam_plan call (batch environments at once), cached and uncached, GFLOP/s achieved, and the ratio
     to the FLOP floor: each timed plan is followed by a float32 product of two 2048 x 2048 matrices, and the plan's
     time over `plan_flops / that rate` is one measurement of `plan_over_floor` (median and range reported;
-    `share_of_matmul_rate` is its inverse); the largest difference of the two decoders' logits along the cached plan,
-    beside the largest logit. faster_tt: a checkout of faster-TT, whose batch_beam_plan is then timed alternately
-    with ours on a model of the same shape, `faster_tt_repeats` times."""
+    `share_of_matmul_rate` is its inverse); the plan's own matrix products replayed alone after each plan
+    (`ms_products_alone`, and their ratios to the floor and to the plan); the largest difference of the two
+    decoders' logits along the cached plan, beside the largest logit. faster_tt: a checkout of faster-TT, whose
+    batch_beam_plan is then timed alternately with ours on a model of the same shape, `faster_tt_repeats` times."""
     p = preset_of(preset)
     model, tokenizer = random_model(p, device, getattr(torch, dtype))
     planner = planner_for(p)
@@ -227,11 +290,16 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
     environment_before = environment(device)
     flops = plan_flops(model.config, planner, batch)
     run(), run()  # warm-up
-    times, rates = [], []
-    for _ in range(repeats):  # a plan, then the yardstick: load that comes and goes slows both
+    products = recorded_products(run)
+    products_alone = replay(products, device, model.pos_emb.dtype)
+    products_alone()
+    times, rates, alone = [], [], []
+    for _ in range(repeats):  # a plan, its products alone, then the yardstick: load that comes and goes slows all
         times.append(seconds(run))
+        alone.append(seconds(products_alone))
         rates.append(matmul_rate(device))
     over_floor = [t / (flops / (rate * 1e9)) for t, rate in zip(times, rates, strict=True)]
+    alone_over_floor = [t / (flops / (rate * 1e9)) for t, rate in zip(alone, rates, strict=True)]
     t_cached = statistics.median(times)
     t_uncached = timed(lambda: run(False), uncached_repeats, warmup=0) if uncached_repeats > 0 else float("nan")
     plan = run()  # the decoders on the same tokens (the cached plan's): their largest logit difference
@@ -246,7 +314,11 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
            "max_abs_logit": float(recomputed.abs().max()), "gflop_per_plan": flops / 1e9,
            "gflops_achieved": flops / 1e9 / t_cached, "dtype": dtype,
            "matmul_gflops": statistics.median(rates), "floor_ms": 1000 * flops / (statistics.median(rates) * 1e9),
-           "plan_over_floor": spread(over_floor), "share_of_matmul_rate": spread([1 / r for r in over_floor])}
+           "plan_over_floor": spread(over_floor), "share_of_matmul_rate": spread([1 / r for r in over_floor]),
+           "gflop_linear_made": product_flops(products, LINEAR_PRODUCTS) / 1e9,
+           "gflop_attention_made": product_flops(products, ATTENTION_PRODUCTS) / 1e9,
+           "ms_products_alone": 1000 * statistics.median(alone), "products_alone_over_floor": spread(alone_over_floor),
+           "plan_over_products_alone": spread([t / a for t, a in zip(times, alone, strict=True)])}
     if faster_tt:
         theirs = faster_tt_planner(faster_tt, p, batch, device)
         faster_tt_planner(faster_tt, p, 1, device)()  # warm-up, on one environment
@@ -311,15 +383,15 @@ def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, devic
     plan_s = seconds(lambda: beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         beam_plan(model, tokenizer, prefix, torch.arange(batch), planner, buffers)
-    kinds = {"matmul: linear layers and heads": ("addmm", "mm"),
-             "matmul: attention (scores, weighted values)": ("bmm", "baddbmm", "baddbmm_"),
-             "softmax, gelu, layer norm": ("_softmax", "gelu", "native_layer_norm"),
-             "copies (cache writes, beam selection, cat)": ("copy_", "index_select", "cat", "index")}
+    kinds = {"matmul: linear layers and heads": LINEAR_PRODUCTS,
+             "matmul: attention (scores, weighted values)": ATTENTION_PRODUCTS,
+             "softmax, gelu, layer norm": ("aten::_softmax", "aten::gelu", "aten::native_layer_norm"),
+             "copies (cache writes, beam selection, cat)": ("aten::copy_", "aten::index_select", "aten::cat",
+                                                            "aten::index")}
     shares = dict.fromkeys([*kinds, "everything else (small ops, views, Python)"], 0.0)
     total = sum(e.self_cpu_time_total for e in prof.key_averages())
     for e in prof.key_averages():
-        name = e.key.removeprefix("aten::")
-        kind = next((k for k, ops in kinds.items() if name in ops), "everything else (small ops, views, Python)")
+        kind = next((k for k, ops in kinds.items() if e.key in ops), "everything else (small ops, views, Python)")
         shares[kind] += e.self_cpu_time_total / total
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
     return {"benchmark": "planning-profile", "preset": _name(preset), "batch": batch, "aten_ops_per_plan": ops,

@@ -310,6 +310,9 @@ def _cmd_bench(args):
         print(f"\none plan takes {out['plan_over_floor']['median']:.2f}x the float32 FLOP floor of this machine "
               f"({out['gflop_per_plan']:.2f} GFLOP at {out['matmul_gflops']:.0f} GFLOP/s = {out['floor_ms']:.0f} ms): "
               f"{out['share_of_matmul_rate']['median']:.0%} of its matmul rate")
+        print(f"its matrix products alone, at their own sizes and with nothing between them, take "
+              f"{out['products_alone_over_floor']['median']:.2f}x the floor; the plan takes "
+              f"{out['plan_over_products_alone']['median']:.2f}x them (the rest: Python, softmax, GELU, copies)")
         if "speedup_vs_faster_tt" in out:
             print(f"{out['speedup_vs_faster_tt']['median']:.1f}x faster than faster-TT's batch_beam_plan, side by side")
 
