@@ -165,8 +165,7 @@ def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int, attention:
     attention=False: the linear layers' and heads' alone."""
     O, A, td = config.obs_dim, config.act_dim, config.transition_dim
     P = (planner.context - 1) * td + O
-    keys = (lambda position: position) if attention else (lambda position: 0)
-    flops = batch * sum(token_flops(config, keys(p + 1), head=p == P - 1) for p in range(P))  # the context, once
+    flops = batch * sum(token_flops(config, (p + 1) * attention, head=p == P - 1) for p in range(P))  # the context
     W, X, pos = planner.beam_width, planner.sample_expand, P
     for t in range(planner.horizon):
         fed = [W * X] * (A + 1)  # action tokens and the reward, on every child
@@ -174,7 +173,7 @@ def plan_flops(config: GPTConfig, planner: PlannerConfig, batch: int, attention:
             fed += [W] * (1 + O)  # value and next observation, on the survivors
         for rows in fed:
             pos += 1
-            flops += batch * rows * token_flops(config, keys(pos), head=True)
+            flops += batch * rows * token_flops(config, pos * attention, head=True)  # (no keys: linear alone)
     return flops
 
 

@@ -11,10 +11,9 @@ from nbclient import NotebookClient
 
 
 def poll_shell_in_steps(kc, give_up=lambda: False, step: float = 0.5) -> None:
-    """Make nbclient's wait for a cell's reply poll the shell channel every `step` seconds. A cell that displays
-    widgets sends comm messages on the shell socket while nbclient waits on it for the reply, and that wait can
-    miss the reply and sleep until the cell's whole timeout (jupyter/nbclient#312); polling again finds it.
-    `give_up()` is asked at each step: True ends the wait as a timeout would."""
+    """Make nbclient's wait for a cell's reply poll the shell channel every `step` seconds, so that a reply missed
+    once (the module docstring) is found at the next step. `give_up()` is asked at each step: True ends the wait
+    as a timeout would."""
     import time
     from queue import Empty
 
