@@ -10,10 +10,10 @@ c.CourseDirectory.course_id = "trajectory-transformer"
 c.CourseDirectory.root = os.path.abspath(os.environ.get("TTLIB_COURSE_DIR")
                                          or os.path.join(os.path.dirname(os.path.abspath(__file__)), "grading"))
 
-# Autograding runs each submission with ttlib.tools.grade_plugins.BoundedExecute in place of nbgrader's Execute (see
+# Autograding runs each submission with ttlib.grading.plugins.BoundedExecute in place of nbgrader's Execute (see
 # docs/GRADING.md). The kernel runs the release's setup cells, the answers and the test cells, and only
 # the definitions of every other cell; the hidden tests then run in a process of their own and decide the points; a
-# static scan flags what an instructor should read. Each kernel runs in ttlib.tools.sandbox (Linux; `ttlib grade
+# static scan flags what an instructor should read. Each kernel runs in ttlib.grading.sandbox (Linux; `ttlib grade
 # doctor` says what holds on this machine): it writes only a scratch folder of its own, reads no other student's
 # files, nor the gradebook, nor the sources, and nothing it starts outlives it. Time is counted in CPU seconds of
 # the kernel and every process it started, so a busy grading machine does not cut a correct submission short:
@@ -32,16 +32,16 @@ c.BoundedExecute.notebook_timeout = 600
 c.BoundedExecute.memory_limit = 6 * 2**30
 c.BoundedExecute.exercise_cpu = 120
 c.Autograde.autograde_preprocessors = [
-    "ttlib.tools.grade_plugins.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
+    "ttlib.grading.plugins.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
-    "ttlib.tools.grade_plugins.SaveAutoGrades",  # nbgrader's; a submission it cannot book gets 0 with the reason
+    "ttlib.grading.plugins.SaveAutoGrades",  # nbgrader's; a submission it cannot book gets 0 with the reason
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 # A deleted test cell is put back before grading (and reported by `ttlib grade collect`): deleting it gains nothing.
-# ttlib.tools.grade_plugins.OverwriteCells is nbgrader's, with a log that warns only about test cells a student edited
+# ttlib.grading.plugins.OverwriteCells is nbgrader's, with a log that warns only about test cells a student edited
 # (nbgrader's own warns "checksum has changed" for every test cell of every student: its hidden tests differ from
 # the release).
 c.OverwriteCells.add_missing_cells = True
@@ -49,13 +49,13 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec",
-    "ttlib.tools.grade_plugins.OverwriteCells",
+    "ttlib.grading.plugins.OverwriteCells",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 # Feedback shows a student their own results: no hidden tests (nor the traceback lines quoting them), and no errors
-# of demo cells that are not theirs to fix (ttlib.tools.grade_plugins.StudentFeedback).
+# of demo cells that are not theirs to fix (ttlib.grading.plugins.StudentFeedback).
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
-    "ttlib.tools.grade_plugins.StudentFeedback",
+    "ttlib.grading.plugins.StudentFeedback",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

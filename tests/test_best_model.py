@@ -2,7 +2,7 @@
 says when it overfits, stops early when asked, resumes with its best, and checkpoints from before it kept one
 still load everywhere.
 
-The dataset is the README's example of a dataset of one's own (ttlib/tools/pendulum_dataset.py: Pendulum-v1, a
+The dataset is the README's example of a dataset of one's own (ttlib/examples/pendulum_dataset.py: Pendulum-v1, a
 swing-up controller with noise and random torques), 6 episodes, written with Minari into the test's folder. The
 model is small and its learning rate high, so that it learns the 4 training episodes by heart within seconds.
 """
@@ -50,7 +50,7 @@ def ttlib(*args, timeout=300):
 
 def make_dataset(episodes: int = 6) -> None:
     """The README's example script, run as a user would (into MINARI_DATASETS_PATH)."""
-    from ttlib.tools import pendulum_dataset
+    from ttlib.examples import pendulum_dataset
 
     pendulum_dataset.main(["--dataset", DATASET, "--episodes", str(episodes), "--seed", "3"])
 

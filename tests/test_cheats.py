@@ -17,9 +17,9 @@ import nbformat
 import pytest
 from test_exercises import load_module  # tests/ is on sys.path under pytest
 
+from ttlib.course import NOTEBOOKS as NOTEBOOK_LIST
 from ttlib.exercises.hidden import judge_records
-from ttlib.tools import NOTEBOOKS as NOTEBOOK_LIST
-from ttlib.tools.scan import scan_notebook, scan_source
+from ttlib.grading.scan import scan_notebook, scan_source
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

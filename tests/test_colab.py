@@ -14,15 +14,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ttlib.tools import colab
+from tools import colab
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_badges_setup_cells_and_readme_agree_with_pyproject():
-    assert colab.sync(ROOT, write=False) == [], "out of step with pyproject.toml: run `python -m ttlib.tools.colab`"
-    assert subprocess.run([sys.executable, "-m", "ttlib.tools.colab", "--check"], cwd=ROOT, capture_output=True,
+    assert colab.sync(ROOT, write=False) == [], "out of step with pyproject.toml: run `python -m tools.colab`"
+    assert subprocess.run([sys.executable, "-m", "tools.colab", "--check"], cwd=ROOT, capture_output=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode == 0
 
 
@@ -159,5 +159,5 @@ def test_a_notebook_missing_from_the_table_is_a_clear_error(tmp_path):
     (tmp_path / "notebooks").mkdir()
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     shutil.copy(NOTEBOOKS[0], tmp_path / "notebooks" / "99_new_notebook.ipynb")
-    with pytest.raises(ValueError, match="99_new_notebook.ipynb is not in ttlib/tools/__init__.py's NOTEBOOKS"):
+    with pytest.raises(ValueError, match="99_new_notebook.ipynb is not in ttlib/course.py's NOTEBOOKS"):
         colab.sync(tmp_path, write=False)

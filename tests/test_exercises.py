@@ -27,7 +27,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from ttlib.tools import NOTEBOOKS as NOTEBOOK_LIST
+from ttlib.course import NOTEBOOKS as NOTEBOOK_LIST
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

@@ -18,7 +18,8 @@ import nbformat
 import pytest
 import torch
 
-from ttlib.tools import NOTEBOOKS, gpu_check, gpu_wheels
+from tools import gpu_check, gpu_wheels
+from ttlib.course import NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "gpu-check"
@@ -174,7 +175,7 @@ def test_a_notebook_needing_a_package_left_out_is_not_run_rather_than_failed(tmp
     path = tmp_path / "needs.ipynb"
     nbformat.write(nb, path)
     out = tmp_path / "result.json"
-    result = subprocess.run([sys.executable, "-m", "ttlib.tools.gpu_check", "--part", "notebook", "--notebook",
+    result = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--part", "notebook", "--notebook",
                              str(path), "--result", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     reported = json.loads(out.read_text())
@@ -197,7 +198,7 @@ def test_a_notebook_stopped_at_its_limit_says_which_cell_was_running(tmp_path):
                 nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]
     nbformat.write(nb, tmp_path / "slow.ipynb")
     out = tmp_path / "result.json"
-    process = subprocess.Popen([sys.executable, "-m", "ttlib.tools.gpu_check", "--part", "notebook", "--notebook",
+    process = subprocess.Popen([sys.executable, "-m", "tools.gpu_check", "--part", "notebook", "--notebook",
                                 str(tmp_path / "slow.ipynb"), "--result", str(out)], cwd=ROOT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

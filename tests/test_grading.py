@@ -51,9 +51,9 @@ from nbgrader.api import Gradebook
 from nbgrader.utils import compute_checksum
 from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source  # tests/ is on sys.path
 
+from tools.outputs import cpu_hog
 from ttlib import cli
-from ttlib.tools import grade
-from ttlib.tools.outputs import cpu_hog
+from ttlib.grading import assignments as grade
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -324,7 +324,8 @@ def graded(tmp_path_factory):
     for assignment in [ATTENTION, CHEAP, BEAM]:
         run("nbgrader", "generate_feedback", assignment, env=env)
     run("nbgrader", "export", "--to", str(tmp / "grades.csv"), env=env)
-    run("nbgrader", "export", "--exporter", "ttlib.tools.grade.StudentTotals", "--to", str(tmp / "totals.csv"), env=env)
+    run("nbgrader", "export", "--exporter", "ttlib.grading.assignments.StudentTotals", "--to", str(tmp / "totals.csv"),
+        env=env)
     with open(tmp / "grades.csv", newline="") as f:
         out["grades"] = list(csv.DictReader(f))
     with open(tmp / "totals.csv", newline="") as f:

@@ -42,7 +42,8 @@ from nbgrader.api import Gradebook
 from test_grading import CHEAP, REPO, answered, cell, one_bug, points, read, solution_notebook, student_notebook
 from test_sandbox import marked
 
-from ttlib.tools import grade, sandbox
+from ttlib.grading import assignments as grade
+from ttlib.grading import sandbox
 
 MARK = "ttlib-sandbox-test-marker"  # in the command line of every process an attacker starts
 CELL_CPU = 20  # CPU seconds a cell may use; a correct submission uses about 7 in all

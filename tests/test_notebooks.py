@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttlib import checks, critic, planning, rollout, tools, viz
+from ttlib import checks, course, critic, planning, rollout, viz
 from ttlib import model as ttlib_model
 from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.data import OfflineDataset, discounted_values
@@ -32,7 +32,7 @@ from ttlib.train import TrainConfig, learning_rate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-COURSE_NOTEBOOKS = list(tools.NOTEBOOKS)
+COURSE_NOTEBOOKS = list(course.NOTEBOOKS)
 BADGE = re.compile(r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/notebooks/([\w.-]+)\)")
 STUDENT_STUB = "raise NotImplementedError()"
 # a test cell of ttlib.exercises: the exercise's visible check, and its hidden one between nbgrader's markers
@@ -131,11 +131,11 @@ def test_setup_and_device_cells(name):
 def test_committed_outputs_are_fresh_and_the_header_quotes_their_run(name):
     """Solution notebooks are committed with the outputs of a full-mode run (GitHub and Colab show them): every
     code cell's outputs were made by its current source, and the header's time is that run's."""
-    from ttlib.tools import outputs
+    from tools import outputs
 
     nb = read(name)
     stale = outputs.stale_cells(nb)
-    assert not stale, (f"cells {stale} changed since their outputs were made: run `python -m ttlib.tools.outputs "
+    assert not stale, (f"cells {stale} changed since their outputs were made: run `python -m tools.outputs "
                        f"{name[:2]}` and commit the notebook")
     assert all(c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip())
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from ttlib.tools import readme_figure
+from tools import readme_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +16,7 @@ def opening() -> str:
 def test_the_figure_shows_what_results_md_says():
     assert (ROOT / "assets" / "results.png").is_file()
     assert readme_figure.drawn_scores() == readme_figure.scores(), (
-        "docs/RESULTS.md changed since assets/results.png was drawn: run `python -m ttlib.tools.readme_figure`")
+        "docs/RESULTS.md changed since assets/results.png was drawn: run `python -m tools.readme_figure`")
     assert "![What the course's agents score](assets/results.png)" in opening()
 
 

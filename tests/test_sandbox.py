@@ -1,4 +1,4 @@
-"""ttlib.tools.sandbox: what a sandboxed process cannot do, and what is counted and ended. Real processes, real
+"""ttlib.grading.sandbox: what a sandboxed process cannot do, and what is counted and ended. Real processes, real
 Landlock and namespaces (Linux); each test takes a second or so.
 
 Most tests run twice: with the user + PID + mount namespaces this machine offers ("namespaces") and without them
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ttlib.tools import sandbox
+from ttlib.grading import sandbox
 
 MARK = "ttlib-sandbox-unit-marker"
 pytestmark = pytest.mark.skipif(not sandbox.LINUX, reason="the sandbox is Linux's")
@@ -146,7 +146,7 @@ def test_ttlib_its_assets_and_the_datasets_are_readable_not_the_repository(mode)
     # the datasets folder as Minari makes it: a run with its own MINARI_DATASETS_PATH may not have built one yet
     Path(sandbox.ttlib_paths()["datasets"]).mkdir(parents=True, exist_ok=True)
     r = python(f"""
-        import os, ttlib, ttlib.tools.sandbox
+        import os, ttlib, ttlib.grading.sandbox
         print(os.path.realpath(ttlib.__file__).startswith({str(repo / "ttlib")!r}))
         print(len(os.listdir(os.environ["TTLIB_ASSETS"])) > 0, os.path.isdir(os.environ["MINARI_DATASETS_PATH"]))
         for path in [{str(repo / "nbgrader_config.py")!r}, {str(repo / "notebooks")!r}, {str(repo)!r}]:
@@ -235,7 +235,7 @@ def test_the_tree_ends_when_the_grader_dies(mode, tmp_path):
     """The grader killed outright (SIGKILL): the wrapper notices (PR_SET_PDEATHSIG) and ends its tree."""
     grader = textwrap.dedent(f"""
         import subprocess, sys, time
-        from ttlib.tools import sandbox
+        from ttlib.grading import sandbox
         box = sandbox.Sandbox()
         code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
         code += "time.sleep(60)', '{MARK}'], start_new_session=True); print('up', flush=True); time.sleep(60)"
@@ -257,7 +257,7 @@ def test_the_grader_ends_orphans_that_reach_it():
     """The second line: a grader that is a subreaper ends, after a submission, every child it did not have."""
     code = textwrap.dedent(f"""
         import subprocess, sys, time
-        from ttlib.tools import sandbox
+        from ttlib.grading import sandbox
         assert sandbox.adopt_orphans()
         before = sandbox.own_children()
         double = "import os, time; os.fork() and os._exit(0); os.setsid(); time.sleep(60)"
@@ -374,10 +374,10 @@ def test_without_any_sandbox_the_command_runs_as_is_and_is_still_measured(monkey
 
 
 def test_grading_warns_once_per_run_about_what_does_not_hold(monkeypatch, caplog):
-    from ttlib.tools.grade_plugins import _WARNED, BoundedExecute
+    from ttlib.grading.plugins import _WARNED, BoundedExecute
 
     monkeypatch.setenv("TTLIB_SANDBOX_DISABLE", "landlock,namespaces")
-    monkeypatch.setattr("ttlib.tools.grade_plugins._WARNED", set())
+    monkeypatch.setattr("ttlib.grading.plugins._WARNED", set())
     executor = BoundedExecute()
     executor._memory_bytes = 2**30
     caplog.set_level(logging.WARNING)
@@ -403,7 +403,7 @@ def test_grading_waits_for_a_slow_kernels_output_and_says_so_when_it_never_comes
     Grading waits `iopub_timeout` (120 s); when even that runs out, the notebook says which wait ran out."""
     import nbformat
 
-    from ttlib.tools.grade_plugins import BoundedExecute
+    from ttlib.grading.plugins import BoundedExecute
 
     flood = "for i in range(3000):\n    print(i, flush=True)"  # 3000 messages: the last arrives after the reply
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(flood), nbformat.v4.new_code_cell(flood)])
@@ -425,7 +425,7 @@ def test_what_the_grader_imports_is_not_taken_for_a_kernels_output():
     script = textwrap.dedent('''
         import json, sys
         import nbformat
-        from ttlib.tools.grade_plugins import BoundedExecute
+        from ttlib.grading.plugins import BoundedExecute
         assert "torch" not in sys.modules, "the grader has not imported torch yet"
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
                                              nbformat.v4.new_code_cell("import time; time.sleep(1); print(x)")])

@@ -1,6 +1,6 @@
 """Submissions that try to earn notebook 01's exercise 1 (scaled dot-product attention) without writing it, one per
 way of cheating an in-process checker. tests/test_cheats.py runs each through the graders' hidden tests (a separate
-process on the submission's definitions, ttlib.exercises.hidden) and through the static scan (ttlib.tools.scan):
+process on the submission's definitions, ttlib.exercises.hidden) and through the static scan (ttlib.grading.scan):
 each must score 0 on the exercise, and each is flagged for review. tests/test_grading.py grades some of them with
 nbgrader.
 

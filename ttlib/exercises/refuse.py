@@ -19,7 +19,7 @@ stacks. Every refusal is recorded (and, with `report`, written out at once: a gr
 process, where nothing the code does afterwards can take it back) and the check fails, whatever the code returns.
 
 A guard is a check, not a sandbox: code that reaches the guard's own state can still undo it. The graders pair it
-with a sandboxed process and with a static scan of the submission (ttlib.tools.scan) that flags such code.
+with a sandboxed process and with a static scan of the submission (ttlib.grading.scan) that flags such code.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ nbgrader scores a test cell by its outputs: an error means 0. The kernel that ra
 code too, so nothing it says can be trusted to decide a grade -- a submission can swallow its own errors, read or
 rewrite what a check compares with, or print what nbgrader takes for partial credit. Here, after the kernel's run:
 
-1. `run_hidden` starts `python -m ttlib.exercises.hidden` in a sandbox of its own (ttlib.tools.sandbox), on the
+1. `run_hidden` starts `python -m ttlib.exercises.hidden` in a sandbox of its own (ttlib.grading.sandbox), on the
    release's setup cells and the submission's definitions only, with trials from a seed chosen now, and reads its
    records; the exercises are judged in this process (`judge_records`), where the submission never ran. An
    exercise that loops is stopped at its CPU budget and the runner starts again with the exercises after it.

@@ -28,7 +28,7 @@ import nbformat
 from nbgrader.plugins import ExportPlugin
 
 from ..files import atomic_path
-from . import NOTEBOOKS
+from ..course import NOTEBOOKS
 
 CONFIG_FILE = "nbgrader_config.py"
 STUDENT_DIR = "student"  # student versions live in notebooks/student/
@@ -101,7 +101,7 @@ def source_version(nb, name: str):
     header.source, n_badges = BADGE_PATH.subn(rf"\g<1>{STUDENT_DIR}/\g<2>", header.source, count=1)
     if n_badges != 1:
         raise GradingError(f"notebooks/{name}: its first cell has no Colab badge linking to notebooks/{name}")
-    nb.metadata.pop("ttlib", None)  # the record of the committed outputs' run (ttlib.tools.outputs): not the student's
+    nb.metadata.pop("ttlib", None)  # the record of the committed outputs' run (tools.outputs): not the student's
     for cell in nb.cells:
         cell.metadata.pop("ttlib", None)
     return nb
@@ -253,7 +253,7 @@ def _number(x: float) -> str:
 class StudentTotals(ExportPlugin):
     """nbgrader export plugin: one CSV row per student, a score column per assignment, the total, and the test
     cells the student edited or deleted:
-    `nbgrader export --exporter ttlib.tools.grade.StudentTotals --to totals.csv`."""
+    `nbgrader export --exporter ttlib.grading.assignments.StudentTotals --to totals.csv`."""
 
     def export(self, gradebook) -> None:
         from nbgrader.api import MissingEntry

@@ -29,7 +29,7 @@ import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository checkout this module lives in
+ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
 DEFAULT_DEST = ROOT / ".whl"
 
 # The Python packages of the GPU machines' image ('cuda', as listed on 2026-11-17): never carried. Another machine:

@@ -1,9 +1,9 @@
 """nbgrader plugins of the course, named in nbgrader_config.py: what autograding and feedback do differently.
 
-    BoundedExecute     autograde's executor: each kernel in a sandbox (ttlib.tools.sandbox), CPU-time bounds per cell
+    BoundedExecute     autograde's executor: each kernel in a sandbox (ttlib.grading.sandbox), CPU-time bounds per cell
                        and per submission, memory and output bounds, a dead kernel costs only the tests not run;
                        demos run only their definitions; the hidden tests run in a process of their own and decide
-                       the scores (ttlib.tools.hidden_tests); a static scan flags what an instructor should read
+                       the scores (ttlib.grading.hidden_tests); a static scan flags what an instructor should read
     SaveAutoGrades     nbgrader's, but a submission whose grades nbgrader cannot record gets 0 with the reason
     OverwriteCells     puts test cells back as released, and warns only about cells a student edited
     StudentFeedback    feedback holds the student's own results: no hidden tests, no errors of demo cells, the
@@ -93,7 +93,7 @@ def _definitions(source: str) -> str:
 
 
 class SandboxedKernelManager(AsyncKernelManager):
-    """jupyter_client's kernel manager, starting the kernel inside a ttlib.tools.sandbox.Sandbox (`sandbox`)."""
+    """jupyter_client's kernel manager, starting the kernel inside a ttlib.grading.sandbox.Sandbox (`sandbox`)."""
 
     sandbox = None
 
@@ -125,12 +125,12 @@ class BoundedExecute(Execute):
       nor a test, only the definitions run (imports, functions, classes, constants -- what the hidden tests see
       too), unless `run_demos`. Demos decide no points, and a student's own run of them is in their notebook;
     - the hidden tests decide the points (`hidden_tests`): they run after the kernel, in a sandboxed process of
-      their own (ttlib.tools.hidden_tests), on the release's setup cells and the submission's definitions, with
+      their own (ttlib.grading.hidden_tests), on the release's setup cells and the submission's definitions, with
       `exercise_cpu` CPU seconds an exercise; in the kernel they do nothing (TTLIB_GRADING=1). Each test cell keeps
       what it printed (stderr moved to stdout: a warning costs nothing) and gets the hidden tests' verdict;
-    - a static scan of the student's own cells (ttlib.tools.scan) is stored in the notebook's metadata
+    - a static scan of the student's own cells (ttlib.grading.scan) is stored in the notebook's metadata
       (`ttlib.flags`): `StudentTotals` and the feedback show it; it decides no points;
-    - `sandbox` (Linux, see ttlib.tools.sandbox): the kernel runs in a scratch folder of its own, removed
+    - `sandbox` (Linux, see ttlib.grading.sandbox): the kernel runs in a scratch folder of its own, removed
       afterwards; it writes only there and reads only Python, ttlib and the datasets (Landlock); nothing it starts
       outlives it. Where the system lacks a piece, one warning per grading run says which guarantee does not hold.
 
@@ -153,7 +153,7 @@ class BoundedExecute(Execute):
     grader_memory_limit = Integer(512 * 2**20, help="bytes the grading process may grow by while it receives one "
                                                     "submission's output; past it the kernel is stopped").tag(
         config=True)
-    sandbox = Bool(True, help="run each kernel in ttlib.tools.sandbox (Linux)").tag(config=True)
+    sandbox = Bool(True, help="run each kernel in ttlib.grading.sandbox (Linux)").tag(config=True)
     threads = Integer(1, help="OpenMP/MKL threads in the kernel (OMP_NUM_THREADS): with one, CPU seconds measure "
                               "the work done, on any machine").tag(config=True)
     run_demos = Bool(False, help="run demo cells whole (default: only their definitions, as the hidden tests "
@@ -189,7 +189,7 @@ class BoundedExecute(Execute):
         self._box_protected = []
         self._box = self._make_sandbox(resources or {}) if self.sandbox else None
         self.timeout_func = self._cell_timeout
-        cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.tools.sandbox').tools.sandbox.limit_kernel_output("
+        cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.grading.sandbox').tools.sandbox.limit_kernel_output("
                f"{self.output_limit}, {self.notebook_output_limit})")  # the kernel drops its excess output itself
         self.extra_arguments = [*(a for a in self.extra_arguments if not a.startswith(cap[:40])), cap]
         sandbox.adopt_orphans()  # the second line: what escapes a sandbox comes to this process, and is ended below

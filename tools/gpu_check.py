@@ -16,7 +16,7 @@ under its own time limit, drawn from one budget (--budget, default 480 s):
     training   training tokens/s, on the device and on the CPU
     rollouts   25 episodes of 1,000 steps in HalfCheetah-v5 with a random model of that preset's shape, vectorized,
                against one episode played alone
-    notebooks  every notebook of ttlib.tools.NOTEBOOKS in fast mode (TTLIB_FAST=1) with nbclient, several at a time;
+    notebooks  every notebook of ttlib.course.NOTEBOOKS in fast mode (TTLIB_FAST=1) with nbclient, several at a time;
                each picks the device itself, as on Colab
 
 The timed parts run alone, before the notebooks. What a part measured survives its time limit. DIR gets
@@ -46,11 +46,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..files import atomic_path
-from . import NOTEBOOKS
+from ttlib.course import NOTEBOOKS
+from ttlib.files import atomic_path
+
 from .gpu_wheels import normalize, wheel_metadata
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository checkout this module lives in
+ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
 DEFAULT_WHEELS = ROOT / ".whl"
 DEFAULT_SITE = Path(tempfile.gettempdir()) / "ttlib-gpu-check-site"  # kept: a second run installs nothing again
 
@@ -89,7 +90,7 @@ def part_probe(args, save) -> dict:
 
 
 def part_dataset(args, save) -> dict:
-    from .. import data
+    from ttlib import data
 
     present = {row["id"]: row for row in data.list_local()}
     built = data.DEFAULT_DATASET not in present
@@ -101,7 +102,7 @@ def part_dataset(args, save) -> dict:
 
 
 def part_planning(args, save) -> dict:
-    from .. import bench
+    from ttlib import bench
 
     preset = "tiny" if args.smoke else "halfcheetah"
     runs = []
@@ -115,7 +116,7 @@ def part_planning(args, save) -> dict:
 
 
 def part_training(args, save) -> dict:
-    from .. import bench
+    from ttlib import bench
 
     preset, batch, steps = ("tiny", 8, 3) if args.smoke else ("halfcheetah", 64, 20)
     out = {"device": bench.bench_training(preset, batch_size=batch, steps=steps, device=args.device)}
@@ -129,7 +130,7 @@ def part_training(args, save) -> dict:
 def part_rollouts(args, save) -> dict:
     from dataclasses import replace
 
-    from .. import bench
+    from ttlib import bench
 
     preset = replace(bench.PRESETS["tiny"], obs_dim=17, act_dim=6, n_layer=1, horizon=2, context=2) \
         if args.smoke else "halfcheetah"  # smoke: a tiny model of HalfCheetah's shape
@@ -143,7 +144,7 @@ def part_notebook(args, save) -> dict:
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from .nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
+    from ttlib.grading.nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
 
     path = Path(args.notebook) if os.sep in args.notebook else ROOT / "notebooks" / args.notebook
     nb = nbformat.read(path, as_version=4)
@@ -259,7 +260,7 @@ class Run:
     def part(self, name: str, limit: float, extra: list[str] = (), env: dict | None = None, log=None) -> dict:
         """Run one of PART_FUNCTIONS in its own process: -> what it returned or saved, and how it went."""
         result_file = self.scratch / f"{name}-{uuid.uuid4().hex}.json"
-        command = [sys.executable, "-m", "ttlib.tools.gpu_check", "--part", name, "--result", str(result_file),
+        command = [sys.executable, "-m", "tools.gpu_check", "--part", name, "--result", str(result_file),
                    "--device", self.args.device, *(["--smoke"] if self.args.smoke else []), *extra]
         code, seconds = self.subprocess(command, limit, env, log)
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
@@ -543,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, help="seconds for the whole check (default 480; smoke 300)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="run only these (the install always runs)")
-    parser.add_argument("--notebooks", nargs="+", help="these notebooks of ttlib.tools.NOTEBOOKS (default: all; "
+    parser.add_argument("--notebooks", nargs="+", help="these notebooks of ttlib.course.NOTEBOOKS (default: all; "
                         f"smoke: {SMOKE_NOTEBOOK})")
     parser.add_argument("--jobs", type=int, help="notebooks run at a time (default: half the CPU cores)")
     parser.add_argument("--wheels", nargs="+", default=[str(DEFAULT_WHEELS)], help="wheel folders (default .whl)")
@@ -564,11 +565,11 @@ def main(argv=None) -> int:
     if not args.out:
         parser.error("--out DIR is required: where gpu-check.json and gpu-check.log go")
     if args.smoke and SMOKE_NOTEBOOK not in NOTEBOOKS:
-        parser.error(f"the smoke notebook {SMOKE_NOTEBOOK} is not in ttlib.tools.NOTEBOOKS: update SMOKE_NOTEBOOK")
+        parser.error(f"the smoke notebook {SMOKE_NOTEBOOK} is not in ttlib.course.NOTEBOOKS: update SMOKE_NOTEBOOK")
     args.notebooks = args.notebooks or ([SMOKE_NOTEBOOK] if args.smoke else list(NOTEBOOKS))
     unknown = [n for n in args.notebooks if n not in NOTEBOOKS]
     if unknown:
-        parser.error(f"not course notebooks: {', '.join(unknown)} (ttlib.tools.NOTEBOOKS lists them)")
+        parser.error(f"not course notebooks: {', '.join(unknown)} (ttlib.course.NOTEBOOKS lists them)")
     args.budget = args.budget or (300.0 if args.smoke else 480.0)
     args.jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
     args.parts = ["install", *args.parts] if "install" not in args.parts else args.parts

@@ -1,6 +1,6 @@
 """The README's figure: what the agents score, drawn from docs/RESULTS.md (the one source of the figures).
 
-    python -m ttlib.tools.readme_figure        # writes assets/results.png
+    python -m tools.readme_figure        # writes assets/results.png
 
 The numbers are read from RESULTS.md's table "What the agents score" and written into the PNG's metadata too, so a
 test can tell when the picture no longer shows what RESULTS.md says (tests/test_readme.py).
@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "RESULTS.md"
 FIGURE = ROOT / "assets" / "results.png"
 

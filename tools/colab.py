@@ -4,8 +4,8 @@ The repository is named once, in pyproject.toml (`[project.urls] Repository`). E
 badge linking to its own path in that repository, its set-up cell installs ttlib from it when it runs on Colab,
 and the README has a table of badges; all three are written from pyproject.toml by this module:
 
-    python -m ttlib.tools.colab            # rewrite the badges, the set-up cells and the README table
-    python -m ttlib.tools.colab --check    # list what is out of step with pyproject.toml, exit 1 if anything is
+    python -m tools.colab            # rewrite the badges, the set-up cells and the README table
+    python -m tools.colab --check    # list what is out of step with pyproject.toml, exit 1 if anything is
 
 The tests run the check, so a changed repository (or a new notebook) cannot be forgotten in one place.
 """
@@ -17,9 +17,9 @@ import re
 import sys
 from pathlib import Path
 
-from . import NOTEBOOKS
+from ttlib.course import NOTEBOOKS
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository checkout this module lives in
+ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
 
 
 # what a notebook's set-up cell installs beyond ttlib itself (Colab has torch, numpy and matplotlib, not Ray)
@@ -125,7 +125,7 @@ def sync(root: Path = ROOT, write: bool = True) -> list[str]:
     changed = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         if path.name not in NOTEBOOKS:
-            raise ValueError(f"{path.name} is not in ttlib/tools/__init__.py's NOTEBOOKS: add it (name and title)")
+            raise ValueError(f"{path.name} is not in ttlib/course.py's NOTEBOOKS: add it (name and title)")
         text = path.read_text()
         new = synced_notebook(text, path.name, repo)
         if new != text:
@@ -143,7 +143,7 @@ def sync(root: Path = ROOT, write: bool = True) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ttlib.tools.colab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.colab", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of step")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository checkout (default: this one)")
     args = parser.parse_args(argv)

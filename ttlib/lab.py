@@ -19,7 +19,7 @@ LEARNER_CONFIG = Path(__file__).resolve().parent / "learner_jupyter"
 
 def course_notebooks() -> Path:
     """notebooks/student/ of the repository this ttlib was installed from (pip install -e)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]
     student = repo / "notebooks" / "student"
     if not student.is_dir():
         raise FileNotFoundError(f"no notebooks/student/ next to ttlib in {repo}: `ttlib lab` opens the course from "

@@ -1,10 +1,10 @@
 """The solution notebooks are committed with their outputs, so that GitHub, nbviewer and Colab's preview show the
 figures and results before anyone runs a cell. This runs them and stores what they printed and drew.
 
-    python -m ttlib.tools.outputs                    # every notebook, in full mode (not TTLIB_FAST), one by one
-    python -m ttlib.tools.outputs 03_trajectory_gpt  # one notebook
-    python -m ttlib.tools.outputs --beside-hog       # time them beside a busy process per core (kept beside the run)
-    python -m ttlib.tools.outputs --check            # the stale cells (what tests/test_notebooks.py asserts)
+    python -m tools.outputs                    # every notebook, in full mode (not TTLIB_FAST), one by one
+    python -m tools.outputs 03_trajectory_gpt  # one notebook
+    python -m tools.outputs --beside-hog       # time them beside a busy process per core (kept beside the run)
+    python -m tools.outputs --check            # the stale cells (what tests/test_notebooks.py asserts)
 
 Each code cell keeps, in its metadata, a hash of the source that made its outputs (`ttlib.source`): a cell edited
 since then is stale, and the test says which. The notebook keeps how long the run took and on what (`ttlib.run`,
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import nbformat
 
-from . import NOTEBOOKS
+from ttlib.course import NOTEBOOKS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "notebooks"
 KEY = "ttlib"
 
@@ -72,7 +72,7 @@ def cpu_hog(processes: int):
 
 def execute(name: str, timeout: int = 1800) -> tuple[nbformat.NotebookNode, float]:
     """(the notebook run top to bottom in full mode in notebooks/, seconds on the clock)."""
-    from .nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
+    from ttlib.grading.nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
 
     nb = nbformat.read(FOLDER / name, as_version=4)
     env_fast = os.environ.pop("TTLIB_FAST", None)  # full mode: what a learner runs
@@ -114,7 +114,7 @@ def record_busy_run(name: str, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ttlib.tools.outputs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.outputs", description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", help="names or prefixes (03, 03_trajectory_gpt); default: all")
     parser.add_argument("--check", action="store_true", help="list stale cells; exit 1 if any")
     parser.add_argument("--beside-hog", action="store_true", help="time the runs beside a busy process per core "

@@ -1,8 +1,8 @@
 """Run code you do not trust (a student's Jupyter kernel, a test runner) in a space of its own, with what Linux
 gives an ordinary user: no root, no daemon, no container.
 
-    python -m ttlib.tools.sandbox --scratch DIR [--read PATH]... [options] -- ARGV...
-    python -m ttlib.tools.sandbox --doctor          what holds on this machine (also `ttlib grade doctor`)
+    python -m ttlib.grading.sandbox --scratch DIR [--read PATH]... [options] -- ARGV...
+    python -m ttlib.grading.sandbox --doctor          what holds on this machine (also `ttlib grade doctor`)
 
 The wrapper process (the first line) makes itself a child subreaper, so every descendant stays in its tree however
 it was started (`setsid`, a double fork); it starts ARGV in the scratch folder with stdin from /dev/null and its
@@ -180,7 +180,7 @@ def _namespaces_work() -> bool:
         return False
     import subprocess
 
-    probe = "import sys; from ttlib.tools.sandbox import _probe_namespaces; sys.exit(_probe_namespaces())"
+    probe = "import sys; from ttlib.grading.sandbox import _probe_namespaces; sys.exit(_probe_namespaces())"
     try:
         return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):
@@ -629,7 +629,7 @@ class Sandbox:
         """The command line that runs `argv` inside this sandbox (`argv` itself where there is no sandbox)."""
         if not self.caps.sandboxed:
             return list(argv)
-        cmd = [sys.executable, "-m", "ttlib.tools.sandbox", "--scratch", str(self.scratch),
+        cmd = [sys.executable, "-m", "ttlib.grading.sandbox", "--scratch", str(self.scratch),
                "--file-size", str(int(self.limits.file_size_bytes)), "--output", str(int(self.limits.output_bytes)),
                "--grace", str(self.grace), "--landlock", str(self.caps.landlock_abi)]
         for path in self.readable:
@@ -1074,7 +1074,7 @@ def _wrapper(args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ttlib.tools.sandbox",
+    p = argparse.ArgumentParser(prog="python -m ttlib.grading.sandbox",
                                 description="Run a command in a sandbox of its own (see the module's docstring).")
     p.add_argument("--doctor", action="store_true", help="say what this machine offers, and stop")
     p.add_argument("--scratch", help="the folder the command runs in and may write")

@@ -1,11 +1,5 @@
-"""Repository tooling, apart from what learners import: Colab badges and set-up cells (`colab`), nbgrader release,
-collection and export (`grade`), nbgrader's autograding plugins (`grade_plugins`), the whole course checked on an
-offline GPU machine (`gpu_check`, `tools/gpu-check`) with the wheels it carries (`gpu_wheels`, `tools/gpu-wheels`),
-and the course's notebook list.
-
-NOTEBOOKS is the one list of the course's notebooks, in order, with the title the README's table shows: the Colab
-badges, the grading and the tests all read it. A new notebook is added here.
-"""
+"""The course's notebooks, in order, with the title the README's table shows: the one list the Colab badges, the
+grading and the tests all read. A new notebook is added here."""
 
 NOTEBOOKS = {
     "00_offline_rl_as_sequence_modeling.ipynb": "offline RL as sequence modeling",

@@ -5,7 +5,7 @@ per episode), half of the episodes flown by a scripted swing-up controller with 
 uniformly random torques -- mixed quality, like the course dataset, but about an eighth of its size (60 episodes,
 12,000 steps). Run it, then train on it:
 
-    python -m ttlib.tools.pendulum_dataset                      # writes user/pendulum/mixed-v0 (a few seconds)
+    python -m ttlib.examples.pendulum_dataset                      # writes user/pendulum/mixed-v0 (a few seconds)
     ttlib train --dataset user/pendulum/mixed-v0 --out runs/pendulum.pt
 
 Anything that produces, per episode, the observations (one more than the actions: the one after the last step),
