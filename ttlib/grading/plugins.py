@@ -189,7 +189,7 @@ class BoundedExecute(Execute):
         self._box_protected = []
         self._box = self._make_sandbox(resources or {}) if self.sandbox else None
         self.timeout_func = self._cell_timeout
-        cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.grading.sandbox').tools.sandbox.limit_kernel_output("
+        cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.grading.sandbox').grading.sandbox.limit_kernel_output("
                f"{self.output_limit}, {self.notebook_output_limit})")  # the kernel drops its excess output itself
         self.extra_arguments = [*(a for a in self.extra_arguments if not a.startswith(cap[:40])), cap]
         sandbox.adopt_orphans()  # the second line: what escapes a sandbox comes to this process, and is ended below
