@@ -499,9 +499,10 @@ def test_03_gpt_agrees_with_trajectory_gpt():
 
 
 def test_03_exercise_references_are_the_models():
-    """The references notebook 03's exercises compare with (ttlib.exercises.gpt) compute what TrajectoryGPT does:
-    its token ids, its per-position heads and its loss, on random models."""
-    from ttlib.exercises import gpt
+    """The references notebook 03's exercises compare with (ttlib.exercises.gpt and gpt_training) compute what
+    TrajectoryGPT does: its token ids, its per-position heads and its loss, on random models."""
+    from ttlib.exercises import gpt, gpt_training
+    from ttlib.exercises.module_answers import load_weights
 
     rng = np.random.default_rng(6)
     for _ in range(10):
@@ -519,15 +520,16 @@ def test_03_exercise_references_are_the_models():
         hook.remove()
         checks.check_close(gpt.ttlib_heads(seen[0], model.head_weight, model.head_bias, 0), logits, "heads",
                            atol=1e-5)
-        checks.check_close(gpt.ttlib_weighted_cross_entropy(logits, targets, mask, model.dim_weight), loss, "loss",
-                           atol=1e-5)
-        mine = gpt.load_weights(gpt.GivenGPT(c), model.state_dict(), "TrajectoryGPT")
+        loss_of = gpt_training.ttlib_weighted_cross_entropy
+        checks.check_close(loss_of(logits, targets, mask, model.dim_weight), loss, "loss", atol=1e-5)
+        mine = load_weights(gpt.GivenGPT(c), model.state_dict(), "TrajectoryGPT")
         assert set(mine.state_dict()) == set(model.state_dict())
 
 
 def test_03_weights_that_do_not_fit_are_named():
     """A class whose names or sizes differ from ttlib's gets a message naming them, not load_state_dict's error."""
-    from ttlib.exercises.gpt import TTLibBlock, load_weights
+    from ttlib.exercises.gpt import TTLibBlock
+    from ttlib.exercises.module_answers import load_weights
 
     state = TTLibBlock(8, 2).state_dict()
     renamed = TTLibBlock(8, 2)

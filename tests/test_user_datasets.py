@@ -21,6 +21,7 @@ from minari.data_collector import EpisodeBuffer
 
 from ttlib import data as ttdata
 from ttlib import dt, rollout
+from ttlib.cli import main
 from ttlib.model import GPTConfig, TrajectoryGPT
 from ttlib.tokenizer import TrajectoryTokenizer
 from ttlib.train import TrainConfig, run_loop, save_checkpoint, train
@@ -147,8 +148,13 @@ def test_nan_never_reaches_bins_weights_or_an_evaluation(tmp_path):
     (["--model", "dt", "--episodes", "0", "--n-envs", "2"], "--episodes"),
     (["--model", "dt", "--episodes", "1", "--max-steps", "0"], "--max-steps"),
 ])
-def test_an_evaluation_of_nothing_is_refused(args, flag):
-    one_line_error(ttlib("evaluate", *args), flag)
+def test_an_evaluation_of_nothing_is_refused(args, flag, capsys):
+    """Each flag's check, in this process (`ttlib`'s main, as the command calls it); the first case also as a
+    command of its own, which shows what a terminal gets: exit 2 and one line, no warning or traceback."""
+    if args == ["--episodes", "0", "--n-envs", "2"]:
+        one_line_error(ttlib("evaluate", *args), flag)
+    code = main(["evaluate", *args])
+    one_line_error(subprocess.CompletedProcess(args, code, "", capsys.readouterr().err), flag)
 
 
 def test_library_evaluations_of_nothing_are_refused():

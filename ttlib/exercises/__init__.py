@@ -1,6 +1,7 @@
 """The course's exercises: how each one is checked, the mistakes it knows by name, and how it is graded.
 
-One module per notebook (`attention` for notebook 01, ...) holds its exercises. An `Exercise` knows
+One module per notebook (`attention` for notebook 01, ...) holds its exercises (notebook 03's `gpt` lists
+`gpt_training`'s too). An `Exercise` knows
 
 - which names of your notebook make up your answer (`names`), and which earlier pieces it lends you from ttlib
   while it checks this one (`lends`): a mistake in an earlier exercise never costs this one;

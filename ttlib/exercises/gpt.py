@@ -1,94 +1,27 @@
-"""Notebook 03's exercises: the Trajectory GPT's token ids, its block, its heads, its forward pass, its loss and the
-learning-rate schedule it trains with.
+"""Notebook 03's exercises: the Trajectory GPT's token ids, its block, its heads and its forward pass (the loss
+and the learning-rate schedule it trains with are in `gpt_training`; EXERCISES lists all six).
 
-The class answers (MLP, Block, GPT) are built as the notebook builds them and hold ttlib's weights (`load_weights`),
-so they must compute ttlib's function, not just something shaped like it. Where an answer calls pieces the check
-can watch (the block's attention and MLP, the blocks and heads of the GPT), what it feeds them is compared too, in
-the order the computation runs: "where it first differs" then names the step that went wrong.
+The class answers (MLP, Block, GPT) are built as the notebook builds them and hold ttlib's weights
+(`module_answers.load_weights`), so they must compute ttlib's function, not just something shaped like it. Where an
+answer calls pieces the check can watch (the block's attention and MLP, the blocks and heads of the GPT), what it
+feeds them is compared too, in the order the computation runs: "where it first differs" then names the step that
+went wrong.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import model as ttlib_model
-from .. import train as ttlib_train
 from ..attention import CausalSelfAttention
 from ..model import GPTConfig, TrajectoryGPT, trajectory_mask
 from . import Exercise, Mistake
-
-
-# ---- helpers: ttlib's weights in your classes, and what your modules were fed ---------------------------------
-def load_weights(mine: nn.Module, state: dict, what: str) -> nn.Module:
-    """`mine` holding ttlib's weights `state`, in eval mode; when they do not fit, a message that names the weights
-    that are missing, unexpected or shaped differently (not PyTorch's load_state_dict error)."""
-    yours = mine.state_dict()
-    missing, unexpected = [n for n in state if n not in yours], [n for n in yours if n not in state]
-    if missing or unexpected:
-        parts = ([f"missing in yours: {_names(missing)}"] if missing else []) + \
-                ([f"unexpected in yours: {_names(unexpected)}"] if unexpected else [])
-        raise AssertionError(f"ttlib's {what} weights do not fit your {what} ({'; '.join(parts)}): keep the layers "
-                             "and the names that the given __init__ creates.")
-    for name, tensor in yours.items():
-        if tuple(tensor.shape) != tuple(state[name].shape):
-            raise AssertionError(f"ttlib's {what} weights do not fit your {what}: {name} has shape "
-                                 f"{tuple(tensor.shape)} in yours but {tuple(state[name].shape)} in ttlib's: keep "
-                                 "the layers and the sizes that the given __init__ creates.")
-    mine.load_state_dict(state)
-    return mine.eval()
-
-
-def _names(names: list[str], show: int = 6) -> str:
-    return ", ".join(names[:show]) + (f" and {len(names) - show} more" if len(names) > show else "")
-
-
-@contextlib.contextmanager
-def watching(**modules: nn.Module):
-    """{name: (args, kwargs)} of the first call of each module while the block runs (forward pre-hooks)."""
-    seen: dict = {}
-
-    def record(name, module, args, kwargs):  # copies: what the module is fed, even if changed in place later
-        if name not in seen:
-            seen[name] = tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}
-
-    handles = [m.register_forward_pre_hook(functools.partial(record, name), with_kwargs=True)
-               for name, m in modules.items()]
-    try:
-        yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _copy(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def _argument(call: tuple, index: int, name: str):
-    args, kwargs = call
-    return args[index] if len(args) > index else kwargs.get(name)
-
-
-def randomized(module: nn.Module) -> nn.Module:
-    """Every LayerNorm scale and shift and every bias random, so that an answer that skips or swaps one shows."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.startswith("ln") or ".ln" in name:
-                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("weight") else 0.0))
-            elif name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.1)
-    return module
-
-
-def _dtype(x) -> str:
-    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+from .gpt_training import lr_schedule, training_loss
+from .module_answers import argument, load_weights, randomized, snapshot, watching
 
 
 # ---- ttlib's pieces with the notebook's signatures: references, and lent to the later exercises -----------------
@@ -132,7 +65,7 @@ def ttlib_heads(x, weight, bias, start):
 
 def lent_heads(x, weight, bias, start):
     """ttlib's heads, lent to exercise 4: it records what the GPT gives them."""
-    _HEADS_CALLS.append((_copy(x), start))
+    _HEADS_CALLS.append((snapshot(x), start))
     return ttlib_heads(x, weight, bias, start)
 
 
@@ -143,20 +76,11 @@ class TTLibGPT(TrajectoryGPT):
         return super().forward(bins)[0]
 
 
-def ttlib_weighted_cross_entropy(logits, targets, mask, dim_weight):
-    """TrajectoryGPT.forward's loss, on given logits."""
-    B, T, K = logits.shape
-    ce = F.cross_entropy(logits.reshape(B * T, K), targets.reshape(B * T), reduction="none").view(B, T)
-    weight = dim_weight[(torch.arange(T, device=logits.device) + 1) % dim_weight.shape[0]][None, :]  # (1, T)
-    return (ce * weight * mask).sum() / mask.sum().clamp(min=1)
-
-
-def ttlib_learning_rate(step, warmup_steps, total_steps, lr, min_lr):
-    config = ttlib_train.TrainConfig(steps=total_steps, warmup_steps=warmup_steps, lr=lr, min_lr=min_lr)
-    return ttlib_train.learning_rate(step, config)
-
-
 # ---- exercise 1: token ids ---------------------------------------------------------------------------------------
+def _dtype(x) -> str:
+    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+
+
 def token_ids_trial(rng):
     obs, act, n_bins = int(rng.integers(1, 9)), int(rng.integers(1, 4)), int(rng.integers(2, 101))
     start, T = int(rng.integers(0, 40)), int(rng.integers(1, 40))
@@ -229,9 +153,9 @@ def run_block(answer, trial):
             out = block(x, allowed)
     attention, feed = seen.get("attn", ttlibs["attn"]), seen.get("mlp", ttlibs["mlp"])  # not called: not compared
     return {"MLP(x) with ttlib's weights": mlp_out,
-            "what your Block feeds its attention (ln_1(x))": _argument(attention, 0, "x"),
-            "the mask your Block gives its attention (allowed)": _argument(attention, 1, "allowed"),
-            "what your Block feeds its MLP (ln_2 of x after the attention's residual)": _argument(feed, 0, "x"),
+            "what your Block feeds its attention (ln_1(x))": argument(attention, 0, "x"),
+            "the mask your Block gives its attention (allowed)": argument(attention, 1, "allowed"),
+            "what your Block feeds its MLP (ln_2 of x after the attention's residual)": argument(feed, 0, "x"),
             f"your Block(x of shape {tuple(x.shape)}, allowed) with ttlib's weights": out}
 
 
@@ -400,8 +324,8 @@ def run_gpt(answer, trial):
     first = seen.get("block", ttlibs["block"])  # what a part the answer did not call was fed is not compared
     heads_call = _HEADS_CALLS[-1] if _HEADS_CALLS else ttlibs["heads"]
     _HEADS_CALLS.clear()
-    return {"what your GPT feeds its first Block (tok_emb(token ids) + pos_emb[:T])": _argument(first, 0, "x"),
-            "the mask your GPT gives its first Block": _argument(first, 1, "allowed"),
+    return {"what your GPT feeds its first Block (tok_emb(token ids) + pos_emb[:T])": argument(first, 0, "x"),
+            "the mask your GPT gives its first Block": argument(first, 1, "allowed"),
             "what your GPT gives heads (ln_f of the last Block's output)": heads_call[0],
             "the start your GPT gives heads": heads_call[1],
             f"your GPT(bins of shape {tuple(bins.shape)})'s logits": logits}
@@ -463,127 +387,5 @@ forward_pass = Exercise(
     ],
 )
 
-
-# ---- exercise 5: the loss ----------------------------------------------------------------------------------------
-def loss_trial(rng):
-    """Random logits, targets and padding mask of a window, and loss weights per dimension (actions weighted)."""
-    obs, act, n_bins = int(rng.integers(1, 6)), int(rng.integers(1, 3)), int(rng.integers(2, 30))
-    td = obs + act + 2
-    B, T = int(rng.integers(1, 5)), int(rng.integers(2, 3 * td))
-    dim_weight = torch.ones(td)
-    dim_weight[obs:obs + act] = float(rng.uniform(1, 6))
-    dim_weight[td - 2:] = torch.as_tensor(rng.uniform(0.5, 2, size=2), dtype=torch.float32)
-    mask = torch.as_tensor(rng.random((B, T)) < 0.8, dtype=torch.float32)
-    mask[0, 0] = 1.0  # at least one real target
-    return (torch.randn(B, T, n_bins) * 2, torch.as_tensor(rng.integers(0, n_bins, size=(B, T))), mask, dim_weight)
-
-
-def run_loss(answer, trial):
-    logits, targets, mask, dim_weight = copy.deepcopy(trial)
-    zeros = torch.zeros(1, 3, dtype=torch.long)
-    small = answer.weighted_cross_entropy(torch.zeros(1, 3, 4), zeros, torch.tensor([[1.0, 1.0, 0.0]]),
-                                          torch.tensor([1.0, 5.0, 2.0]))
-    padding = answer.weighted_cross_entropy(torch.zeros(1, 3, 4), zeros, torch.zeros(1, 3), torch.ones(3))
-    loss = answer.weighted_cross_entropy(logits.requires_grad_(), targets, mask, dim_weight)
-    flows = isinstance(loss, torch.Tensor) and loss.grad_fn is not None
-    return {"the loss of uniform logits over 4 bins, targets of dimensions 1, 2, 0 (weights 5, 2, 1), the third "
-            "padded": detached(small),
-            "loss of an all-padding batch (must be 0, not NaN)": detached(padding),
-            f"weighted_cross_entropy(logits of shape {tuple(logits.shape)}, targets, mask, dim_weight)":
-                detached(loss),
-            "your loss is a tensor that gradients flow through (training calls loss.backward())": flows}
-
-
-def detached(value):
-    return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-def _loss_with(shift=1, masked=True, denominator="real", weighted=True, clamped=True):
-    def weighted_cross_entropy(logits, targets, mask, dim_weight):
-        B, T, K = logits.shape
-        ce = F.cross_entropy(logits.reshape(B * T, K), targets.reshape(B * T), reduction="none").view(B, T)
-        weight = dim_weight[(torch.arange(T) + shift) % dim_weight.shape[0]][None, :] if weighted else 1.0
-        total = (ce * weight * mask).sum() if masked else (ce * weight).sum()
-        count = {"real": mask.sum(), "weights": (weight * mask).sum(), "all": torch.tensor(float(B * T))}[denominator]
-        return total / (count.clamp(min=1) if clamped else count)
-
-    return {"weighted_cross_entropy": weighted_cross_entropy}
-
-
-training_loss = Exercise(
-    id="03-loss", number=5, what="your weighted_cross_entropy", names=("weighted_cross_entropy",), trial=loss_trial,
-    run=run_loss, reference={"weighted_cross_entropy": ttlib_weighted_cross_entropy},
-    forbid=(TrajectoryGPT, ttlib_weighted_cross_entropy, _loss_with()["weighted_cross_entropy"]),
-    trials=8, hidden_trials=12, passed="your loss is the one the model trains on.",
-    mistakes=[
-        Mistake("each target is weighted by the dimension of the token *before* it: target i is the token at "
-                "position i + 1, so its weight is dim_weight[(i + 1) % td].", _loss_with(shift=0)),
-        Mistake("the loss is divided by the sum of the weights: divide by the number of real targets, mask.sum() "
-                "(clamped to at least 1), as ttlib and the original code do.", _loss_with(denominator="weights")),
-        Mistake("padding counts in the loss: multiply each target's cross-entropy by the mask before summing.",
-                _loss_with(masked=False)),
-        Mistake("the loss is divided by every position, padding included: divide by the number of real targets, "
-                "mask.sum().", _loss_with(denominator="all")),
-        Mistake("an all-padding batch gives 0 / 0 = NaN: clamp the number of real targets to at least 1 "
-                "(mask.sum().clamp(min=1)).", _loss_with(clamped=False)),
-        Mistake("the loss weights are missing: multiply each target's cross-entropy by the weight of its "
-                "dimension, dim_weight[(i + 1) % td].", _loss_with(weighted=False)),
-    ],
-)
-
-
-# ---- exercise 6: the learning-rate schedule ------------------------------------------------------------------------
-def lr_trial(rng):
-    if rng.random() < 0.25:  # the shape of a real run
-        return 100, 1800, 6e-4, 6e-5
-    total = int(rng.integers(2, 500))
-    warmup, lr = int(rng.integers(1, total + 1)), float(rng.uniform(1e-4, 1e-2))
-    return warmup, total, lr, lr * float(rng.uniform(0, 0.5))
-
-
-def _phase(step, warmup, total):
-    if step < warmup:
-        return "warmup"
-    if step == warmup:
-        return "the first step after warmup"
-    return "the cosine" if step < total else "past total_steps: the cosine is over"
-
-
-def run_lr(answer, trial):
-    warmup, total, lr, min_lr = trial
-    steps = sorted({0, warmup - 1, warmup, (warmup + total) // 2, total - 1, total, total + 25})
-    return {f"learning_rate at step {s} of warmup {warmup}, total {total} ({_phase(s, warmup, total)})":
-            answer.learning_rate(s, warmup, total, lr, min_lr) for s in steps}
-
-
-def _lr_with(warmup_shift=1, clamp=True, floor=True, from_warmup=True):
-    def learning_rate(step, warmup_steps, total_steps, lr, min_lr):
-        if step < warmup_steps:
-            return lr * (step + warmup_shift) / warmup_steps
-        done = (step - warmup_steps) if from_warmup else step
-        progress = done / max(1, total_steps - warmup_steps if from_warmup else total_steps)
-        progress = min(1.0, progress) if clamp else progress
-        low = min_lr if floor else 0.0
-        return low + 0.5 * (lr - low) * (1 + math.cos(math.pi * progress))
-
-    return {"learning_rate": learning_rate}
-
-
-lr_schedule = Exercise(
-    id="03-lr", number=6, what="your learning_rate", names=("learning_rate",), trial=lr_trial, run=run_lr,
-    reference={"learning_rate": ttlib_learning_rate},
-    forbid=(ttlib_train.learning_rate, ttlib_learning_rate, _lr_with()["learning_rate"]), atol=1e-12, rtol=1e-9,
-    trials=10, hidden_trials=20, passed="your schedule is ttlib's.",
-    mistakes=[
-        Mistake("the warmup starts at 0: step 0 already trains, so warm up as lr * (step + 1) / warmup_steps, which "
-                "reaches lr at the last warmup step.", _lr_with(warmup_shift=0)),
-        Mistake("after total_steps the cosine climbs back up: clamp the progress to 1 (min(1.0, ...)) so that the "
-                "rate stays at min_lr.", _lr_with(clamp=False)),
-        Mistake("the cosine decays to 0: it goes from lr down to min_lr, min_lr + 0.5 * (lr - min_lr) * "
-                "(1 + cos(pi * p)).", _lr_with(floor=False)),
-        Mistake("the cosine's progress counts from step 0: it starts when warmup ends, p = (step - warmup_steps) / "
-                "(total_steps - warmup_steps).", _lr_with(from_warmup=False)),
-    ],
-)
 
 EXERCISES = [token_offsets, transformer_block, per_position_heads, forward_pass, training_loss, lr_schedule]

@@ -161,32 +161,60 @@ class Watch:
         return f"your code called {first}: this exercise asks you to write that yourself, so here it refuses to run."
 
 
+@dataclass
+class _Targets:
+    """What one guard refuses, sorted by how each is caught (see the module's docstring)."""
+
+    python: dict  # (file, first line, name) of a Python reference's code -> its label
+    torch_functions: dict  # a built-in torch function -> its label
+    aten_ops: dict  # an ATen operator's name -> its label (strict only)
+    strict: bool
+    builtins: dict = field(default_factory=dict)  # strict: a C function the learner's code may not call -> label
+    module_files: tuple = ()  # strict: the files (or package folders) of modules the learner's code may not call
+    by_name: dict = field(default_factory=dict)  # strict: (module file, function name) -> label
+    known: dict = field(default_factory=dict)  # code object -> what(code): each code's file is looked up once
+
+    @classmethod
+    def of(cls, references, strict: bool) -> _Targets:
+        targets = cls({}, {}, {}, strict)
+        for reference in references:
+            if isinstance(reference, torch._ops.OpOverloadPacket):  # only a cheat reaches these: strict mode only
+                if strict:
+                    targets.aten_ops[reference.__name__] = label(reference)
+                continue
+            code = _code(reference)
+            if code is None:
+                targets.torch_functions[reference] = label(reference)
+            else:
+                targets.python[_key(code)] = label(reference)
+        if strict:
+            targets.builtins, targets.module_files = _strict_builtins(), _module_files(_STRICT_MODULES)
+            for module, names in _STRICT_FUNCTIONS.items():
+                for place in _module_files([module]):
+                    targets.by_name.update({(place, name): f"{module}.{name}" for name in names})
+        return targets
+
+    def what(self, code) -> tuple[str | None, bool]:
+        """(the label of what calling `code` is, or None; whether it is one of the references themselves)."""
+        if code not in self.known:
+            filename = os.path.realpath(code.co_filename)
+            reference = self.python.get((filename, code.co_firstlineno, code.co_name))
+            what = reference
+            if what is None and self.strict:
+                what = self.by_name.get((filename, code.co_name))
+                if what is None and filename.startswith(self.module_files):
+                    what = f"{inspect.getmodulename(filename) or filename} (the module {filename})"
+            self.known[code] = (what, reference is not None)
+        return self.known[code]
+
+
 @contextlib.contextmanager
 def guard(*references, strict: bool = False, report: Callable[[str], None] | None = None):
     """Inside the block, calling any of `references` (or, with `strict`, anything that could undo the guard) is
     refused: an AssertionError (`Refused`) is raised where the call was made, and the call is recorded in the
     yielded Watch. `report(label)` is called at once for every refusal (a grader writes it out of the process).
     Everything is put back when the block ends, however it ends."""
-    watch = Watch()
-    python_refs, torch_funcs, aten_ops = {}, {}, {}
-    for reference in references:
-        if isinstance(reference, torch._ops.OpOverloadPacket):  # only a cheat reaches these: strict mode only
-            if strict:
-                aten_ops[reference.__name__] = label(reference)
-            continue
-        code = _code(reference)
-        if code is None:
-            torch_funcs[reference] = label(reference)
-        else:
-            python_refs[_key(code)] = label(reference)
-    c_refused = _strict_builtins() if strict else {}
-    modules = _module_files(_STRICT_MODULES) if strict else ()
-    by_name = {}
-    if strict:
-        for module, names in _STRICT_FUNCTIONS.items():
-            for place in _module_files([module]):
-                for name in names:
-                    by_name[(place, name)] = f"{module}.{name}"
+    watch, targets = Watch(), _Targets.of(references, strict)
 
     def refuse(what: str):
         watch.refused.append(what)
@@ -195,18 +223,7 @@ def guard(*references, strict: bool = False, report: Callable[[str], None] | Non
         raise Refused(f"your code called {what}: this exercise asks you to write that yourself, so here it "
                       "refuses to run.")
 
-    known: dict = {}  # code object -> what calling it is (a label), or None: each code's file is looked up once
-
-    def what_is(code):
-        if code not in known:
-            filename = os.path.realpath(code.co_filename)
-            what = python_refs.get((filename, code.co_firstlineno, code.co_name))
-            if what is None and strict:
-                what = by_name.get((filename, code.co_name))
-                if what is None and filename.startswith(modules):
-                    what = f"{inspect.getmodulename(filename) or filename} (the module {filename})"
-            known[code] = (what, python_refs.get((filename, code.co_firstlineno, code.co_name)) is not None)
-        return known[code]
+    what_is = targets.what  # the hook runs on every call: one lookup less
 
     def hook(frame, event, arg):
         if event == "call":
@@ -215,21 +232,21 @@ def guard(*references, strict: bool = False, report: Callable[[str], None] | Non
             # (libraries use threading, inspect, exec, ... for their own purposes)
             if what is not None and (is_reference or _learners(frame.f_back)):
                 refuse(what)
-        elif event == "c_call" and strict and arg in c_refused and _learners(frame):
-            refuse(c_refused[arg])
+        elif event == "c_call" and strict and arg in targets.builtins and _learners(frame):
+            refuse(targets.builtins[arg])
 
     previous = sys.getprofile()
     if previous is not None and not callable(previous):  # e.g. cProfile's profiler object: not restorable by us
         previous = None
-    if aten_ops:
+    if targets.aten_ops:
         _warm_up_dispatch()
     with contextlib.ExitStack() as stack:
-        if torch_funcs:
-            stack.enter_context(_RefuseTorchFunctions(torch_funcs, refuse))
-        if aten_ops:
-            stack.enter_context(_RefuseAtenOps(aten_ops, refuse))
+        if targets.torch_functions:
+            stack.enter_context(_RefuseTorchFunctions(targets.torch_functions, refuse))
+        if targets.aten_ops:
+            stack.enter_context(_RefuseAtenOps(targets.aten_ops, refuse))
         threads_hook = threading.getprofile() if hasattr(threading, "getprofile") else None
-        if python_refs or strict:
+        if targets.python or strict:
             sys.setprofile(hook)
             threading.setprofile(hook)
         try:
