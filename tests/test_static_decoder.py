@@ -168,6 +168,18 @@ def test_a_failed_capture_says_why_and_plans_eagerly():
     assert torch.equal(plan.bins, beam_plan(model, tok, prefix, keys, replace(config, cache="fused")).bins)
 
 
+def test_a_prefix_longer_than_the_planners_context_gets_room():
+    """beam_plan takes any prefix that fits the model's window, whatever config.context says; so does the static
+    search (a planner with room for it); a planner made for a shorter context says so."""
+    model, tok = tiny()
+    config = PlannerConfig(beam_width=2, horizon=2, sample_expand=2, context=1, cache="static")
+    prefix, keys = prefix_for(model, 2, 2), torch.tensor([1, 2])
+    static = beam_plan(model, tok, prefix, keys, config)
+    assert torch.equal(static.bins, beam_plan(model, tok, prefix, keys, replace(config, cache="fused")).bins)
+    with torch.inference_mode(), pytest.raises(ValueError, match="longer than the 3 context slots"):
+        StaticPlanner(model, tok, config, 2, Eager()).plan(prefix, keys)
+
+
 def test_the_static_search_says_what_it_cannot_do():
     model, tok = tiny()
     config = PlannerConfig(beam_width=2, horizon=1, context=2, cache="static")

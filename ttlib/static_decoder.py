@@ -17,8 +17,9 @@ What changes from one token to the next is read from tensors: the token counter 
 per plan shape (`plan_schedule`: each token's cache slot, the slots it may see, whether the next token is sampled
 or the likeliest bin, where it goes in the plan); the position is `p0 + k`. The cache has the plan's full size:
 
-    context  (L, H*E, D, Kc) keys, (L, H*E, Kc, D) values: the longest context a plan can have, padding masked
-    past     (L, 2, H, E*W, S, D) per beam row, twice (a selection gathers the survivors into the other one), laid
+    context  (L, heads*E, D, Kc) keys, (L, heads*E, Kc, D) values: the longest context the planner expects
+             (config.context transitions), its value tokens left out; a shorter one's padding is masked
+    past     (L, 2, heads, E*W, S, D) per beam row, twice (a selection gathers the survivors into the other one), laid
              out as `fast_decoder.FusedDecoder` lays it out: a step's X children share their beam's row and write
              their tokens side by side after its past, the selection moves each survivor's own tokens together,
              and a value token goes to the last slot, which nobody sees (the value rule)
@@ -51,10 +52,12 @@ def static_plan(model, tokenizer, prefix: torch.Tensor, keys: torch.Tensor, conf
     graphs -- is kept there for the next plan of the same shape, and made again if the model's weights change."""
     graphs = config.cuda_graphs and prefix.device.type == "cuda" and buffers is not None
     weights = tuple((p.data_ptr(), p._version) for p in model.parameters())  # changed in place: a new version
-    key = ("static", id(model), id(tokenizer), weights, prefix.shape[0], astuple(config), graphs)
+    context = max(config.context, prefix.shape[1] // model.config.transition_dim + 1)  # (a longer prefix: room)
+    key = ("static", id(model), id(tokenizer), weights, prefix.shape[0], context, astuple(config), graphs)
 
     def make():
-        return StaticPlanner(model, tokenizer, config, prefix.shape[0], CUDAGraphs() if graphs else Eager())
+        runner = CUDAGraphs() if graphs else Eager()
+        return StaticPlanner(model, tokenizer, config, prefix.shape[0], runner, context)
 
     planner = buffers.take_kept(key, make) if buffers is not None else make()
     try:
@@ -64,7 +67,7 @@ def static_plan(model, tokenizer, prefix: torch.Tensor, keys: torch.Tensor, conf
             buffers.give_kept(key, planner)
 
 
-def plan_schedule(A: int, O: int, H: int, X: int) -> tuple[list, list, list]:
+def plan_schedule(A: int, O: int, H: int, X: int) -> tuple[list, torch.Tensor, list]:
     """Every token a plan feeds after its context, in order (act_dim A, obs_dim O, horizon H, X children) ->
     rows (slot, sample, uniform, column, reward), the slots each child sees (X, S) bool per token, and the past
     slots in use once the token is stored.
@@ -135,7 +138,8 @@ class StaticPlanner:
     """The search for one plan shape -- E environments, a model, a planner setting -- on tensors that stay where
     they are. `plan(prefix, keys)` plans; the runner (graphs.Eager or graphs.CUDAGraphs) runs its units."""
 
-    def __init__(self, model, tokenizer, config, n_envs: int, runner):
+    def __init__(self, model, tokenizer, config, n_envs: int, runner, context: int | None = None):
+        """context: the most transitions a prefix holds, its current observation's included (config.context)."""
         c, p = model.config, model.pos_emb
         self.model, self.tokenizer, self.config, self.runner = model, tokenizer, config, runner
         self.A, self.O, self.H, self.td, self.N = c.act_dim, c.obs_dim, config.horizon, c.transition_dim, c.n_bins
@@ -146,7 +150,7 @@ class StaticPlanner:
         self.S, self.G = slots(A, O, H, X), generated_length(A, O, H)
         self.schedule = torch.tensor(rows, dtype=torch.long, device=p.device)  # (tokens, 5)
         self.seen = seen.to(p.device)  # (tokens, X, S) bool: the past slots each child sees
-        self.Kc = (config.context - 1) * (self.td - 1) + O  # context slots: the longest context, value tokens out
+        self.Kc = ((context or config.context) - 1) * (self.td - 1) + O  # context slots: value tokens left out
 
         self.layers = [LayerWeights.of(block, D) for block in model.blocks]
         self.norm_f, self.tok_emb, self.pos_emb = norm_args(model.ln_f), model.tok_emb.weight, model.pos_emb
@@ -181,6 +185,9 @@ class StaticPlanner:
         P = prefix.shape[1]
         if P not in self.prefixes:  # made outside any graph: creating a tensor from the host is no kernel
             attended = [i for i in range(P) if i % self.td != self.td - 1]  # the value tokens are never seen
+            if len(attended) > self.Kc:
+                raise ValueError(f"a prefix of {P} tokens is longer than the {self.Kc} context slots this planner "
+                                 "holds: make it with a larger context")
             self.attended[P] = torch.tensor(attended, dtype=torch.long, device=self.keys.device)
             self.prefixes[P] = torch.zeros(self.E, P, dtype=torch.long, device=self.keys.device)
         self.prefixes[P].copy_(prefix)
