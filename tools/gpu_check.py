@@ -63,6 +63,8 @@ DEFAULT_SITE = Path(tempfile.gettempdir()) / "ttlib-gpu-check-site"  # kept: a s
 # 30-50 s, rollouts 40-70 s (cut off at its limit with a projection if slower), dataset 20-30 s, notebooks the rest.
 SHARES = {"install": 30, "exactness": 60, "planning": 70, "rollouts": 110, "dataset": 30, "notebooks": 180,
           "training": 25}
+CAPS = {"exactness": 100, "planning": 100, "rollouts": 120}  # seconds at most (a slow part says enough by then:
+# the rollouts save their steps per second and projected total as they go), the rest left to the notebooks
 SMOKE_SHARES = {"install": 15, "exactness": 60, "planning": 25, "rollouts": 20, "dataset": 10, "notebooks": 0,
                 "training": 15}  # the notebooks run beside the rest, until the budget ends
 PARTS = tuple(SHARES)
@@ -99,10 +101,13 @@ class Run:
         return self.args.budget - (time.monotonic() - self.started)
 
     def limit(self, part: str, parts_left: list[str]) -> float:
-        """What is left, less half the share of every part after this one (parts_left: this one, then those)."""
+        """What is left, less half the share of every part after this one (parts_left: this one, then those), and no
+        more than the part's cap (CAPS, scaled with the budget)."""
         shares = SMOKE_SHARES if self.args.smoke else SHARES
         scale = self.args.budget / sum(shares.values())
-        return max(1.0, self.left() - sum(shares[p] * scale / 2 for p in parts_left[1:]))
+        limit = max(1.0, self.left() - sum(shares[p] * scale / 2 for p in parts_left[1:]))
+        capped = part in CAPS and not self.args.smoke
+        return min(limit, CAPS[part] * self.args.budget / 480) if capped else limit
 
     def say(self, line: str) -> None:
         print(line, flush=True)
