@@ -185,6 +185,10 @@ def test_the_static_search_says_what_it_cannot_do():
     config = PlannerConfig(beam_width=2, horizon=1, context=2, cache="static")
     with pytest.raises(ValueError, match="scores with the value token and keeps no trace"):
         beam_plan(model, tok, prefix_for(model, 1, 1), torch.tensor([0]), config, trace=[])
-    assert planning.static_search(PlannerConfig(), torch.device("cuda"))  # the GPU's default
-    assert planning.static_search(PlannerConfig(), torch.device("cpu")) == (planning.AUTO_ON_CPU == "static")
-    assert not planning.static_search(PlannerConfig(use_cache=False), torch.device("cuda"))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert planning.static_search(PlannerConfig(), cuda)  # the GPU's default when buffers are kept (a rollout) ...
+    assert not planning.static_search(PlannerConfig(), cuda, kept=False)  # ... but not for one plan
+    assert not planning.static_search(PlannerConfig(cuda_graphs=False), cuda)
+    assert planning.static_search(PlannerConfig(cache="static", cuda_graphs=False), cuda, kept=False)  # asked for
+    assert planning.static_search(PlannerConfig(), cpu) == (planning.AUTO_ON_CPU == "static")
+    assert not planning.static_search(PlannerConfig(use_cache=False), cuda)

@@ -19,7 +19,7 @@ Three decoders give the next token's logits, behind one interface (logits, feed,
 `CachedDecoder` (the model's own KV cache, `model(x, cache=...)` and `KVCache.reorder`: the one to read),
 `fast_decoder.FusedDecoder` (the same numbers with far fewer operations: the CPU's default) and `RecomputeDecoder`
 (runs the whole sequence again for every token, the naive baseline). A fourth way runs the whole search, not only
-the model, with static shapes: `static_decoder`, which a GPU replays as CUDA graphs (the GPU's default). All
+the model, with static shapes: `static_decoder`, which a GPU replays as CUDA graphs (its default in a rollout). All
 consume the same random numbers (`search.py`), so the same seed gives the same plan with any of them (exactly in
 float64; in float32 rounding may break a near-tie). Random numbers come from a counter-based hash of (environment
 key, token counter, beam row): an environment's plan does not depend on which other environments share the batch.
@@ -41,7 +41,7 @@ from .tokenizer import TrajectoryTokenizer
 __all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
 
 
-CACHES = ("auto", "fused", "readable", "static")  # PlannerConfig.cache; "auto": "static" on CUDA, else AUTO_ON_CPU
+CACHES = ("auto", "fused", "readable", "static")  # PlannerConfig.cache (see static_search for "auto")
 AUTO_ON_CPU = "fused"  # measured: `ttlib bench planning` times both side by side (docs/RESULTS.md, "Speed")
 
 
@@ -59,7 +59,8 @@ class PlannerConfig:
     value: str = "token"  # what values a plan's end: "token" (the model's value token) or "critic" (a Q critic)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
     cache: str = "auto"  # with use_cache: "fused" (fast_decoder.FusedDecoder), "readable" (CachedDecoder), "static"
-    # (static_decoder: the whole search with static shapes) or "auto": static on a GPU, fused on a CPU (CACHES)
+    # (static_decoder: the whole search with static shapes) or "auto": static on a GPU planning again and again
+    # (buffers kept: the graphs are replayed), else fused (static_search)
     cuda_graphs: bool = True  # static on a GPU, planning again and again (buffers kept): replay CUDA graphs
 
     def validate(self) -> None:
@@ -172,13 +173,16 @@ def decoder_for(use_cache: bool, cache: str = "fused"):
     return CachedDecoder if cache == "readable" else FusedDecoder
 
 
-def static_search(config: PlannerConfig, device: torch.device, trace=None, critic=None) -> bool:
-    """Whether beam_plan runs `static_decoder`'s search: asked for, or "auto" on CUDA (or on a CPU if AUTO_ON_CPU
-    says so). It scores with the value token and keeps no trace; asked for with either, it says so."""
+def static_search(config: PlannerConfig, device: torch.device, trace=None, critic=None, kept: bool = True) -> bool:
+    """Whether beam_plan runs `static_decoder`'s search: asked for, or "auto" on CUDA with buffers kept from plan to
+    plan (kept: the graphs recorded once are replayed; a single plan would only pay for recording them), or on a
+    CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with either, it says
+    so."""
     if config.cache == "static" and config.use_cache and (critic is not None or trace is not None):
         raise ValueError("the static search (cache='static') scores with the value token and keeps no trace: plan "
                          "with cache='fused' for a critic or a search tree")
-    auto = config.cache == "auto" and (device.type == "cuda" or AUTO_ON_CPU == "static")
+    on_cuda = kept and config.cuda_graphs
+    auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
     return config.use_cache and (config.cache == "static" or auto) and critic is None and trace is None
 
 
@@ -256,8 +260,8 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     in evaluation mode (no dropout); its mode is restored afterwards. trace: a list to which every step appends
     (score (E*W*X,) of its children, keep (E*W,) the rows it kept), on the CPU: the search tree, for
     `viz.plot_beam_tree`. critic: the Q critic that `config.value == "critic"` scores with (on the model's
-    device); ignored with `value="token"`. On a GPU the search runs with static shapes (`static_decoder`), replayed
-    as CUDA graphs when buffers are kept; with a critic or a trace, on the fused decoder.
+    device); ignored with `value="token"`. On a GPU with buffers kept the search runs with static shapes
+    (`static_decoder`), replayed as CUDA graphs; otherwise, with a critic or a trace, on the fused decoder.
     """
     check_critic(config, critic)
     was_training = model.training
@@ -315,7 +319,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
     E, H, W, X = prefix.shape[0], config.horizon, config.beam_width, config.sample_expand
     device = model.pos_emb.device
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
-    if static_search(config, device, trace, critic):
+    if static_search(config, device, trace, critic, kept=buffers is not None):
         return static_plan(model, tokenizer, prefix, keys, config, buffers)
 
     decoder = decoder_for(config.use_cache, config.cache)(
