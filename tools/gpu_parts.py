@@ -106,7 +106,7 @@ def part_rollouts(args, save) -> dict:
             batch.act(plan.actions[:, 0].numpy())
             if time.perf_counter() - saved > 2 or not batch.running.any():
                 saved, seconds = time.perf_counter(), time.perf_counter() - start
-                out.update(seconds=round(seconds, 2), steps_per_s=out["planned_steps"] / seconds,
+                out.update(seconds=seconds, steps_per_s=out["planned_steps"] / seconds,
                            projected_s=episodes * steps * seconds / out["planned_steps"],
                            graphs=[p.runner.stats() for p in pool.kept.values()])
                 save(out)
