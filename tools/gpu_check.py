@@ -4,37 +4,37 @@
     python3 tools/gpu-check --out DIR --device cpu --smoke  # anywhere: tiny sizes, one notebook (the tests run it)
 
 The machine has Python and PyTorch but not Gymnasium, Minari or a Jupyter kernel, and no network: `tools/gpu-wheels`
-fills `.whl/` beforehand, and the folder travels with the checkout. In order, each part in its own process and
-under its own time limit, drawn from one budget (--budget, default 480 s):
+fills `.whl/` beforehand, and the folder travels with the checkout. In order of what they are worth, each part in
+its own process (`gpu_parts.py`) and under its own time limit, drawn from one budget (--budget, default 480 s):
 
     install    the carried wheels of what the machine lacks, into a site folder (pip --no-index: no network);
                then which device PyTorch sees
-    dataset    `ttlib make-dataset`, if the course dataset is missing
-    exactness  the tests marked `exactness` (docs/RESULTS.md, "What is exact"), on the device
-    planning   one plan at faster-TT's HalfCheetah setting, batch 1 and 25, cached vs recomputed, float32 and
-               bfloat16 (`ttlib bench planning --preset halfcheetah`)
-    training   training tokens/s, on the device and on the CPU
-    rollouts   25 episodes of 1,000 steps in HalfCheetah-v5 with a random model of that preset's shape, vectorized,
-               against one episode played alone
-    notebooks  every notebook of ttlib.course.NOTEBOOKS in fast mode (TTLIB_FAST=1) with nbclient, several at a time;
-               each picks the device itself, as on Colab
+    exactness  the tests marked `exactness` (docs/RESULTS.md, "What is exact"), on the device: the static search
+               replayed as CUDA graphs makes the fused decoder's plans (float64) and the model's logits (float32)
+    planning   one plan at faster-TT's HalfCheetah setting, float32, batch 1, 25 and 100: the static search as CUDA
+               graphs, the same launched kernel by kernel, and the fused decoder, side by side, each with its share
+               of the GPU's matmul rate and what recording the graphs cost (`ttlib bench planning`)
+    rollouts   25 episodes of 1,000 steps in HalfCheetah-v5 with a random model of that preset's shape, vectorized;
+               steps per second and the projected total are saved as it goes, so a cut-off run still says something
+    dataset    `ttlib make-dataset`, if the course dataset is missing (the notebooks read it)
+    notebooks  every notebook of ttlib.course.NOTEBOOKS in full mode, as on Colab, with nbclient, several at a time;
+               each picks the device itself, reports its time, and, stopped at the limit, the cell it was in
+    training   training tokens/s, on the device and on the CPU -- only when asked for (--parts ... training)
 
 The timed parts run alone, before the notebooks. What a part measured survives its time limit. DIR gets
-gpu-check.json (every figure, every check, and the targets below as met or not) and gpu-check.log (everything the
-parts printed). The exit status is 0 when every part ran and every check and notebook passed; a notebook that
-needs a package gpu-wheels leaves out (Ray) is reported as not run. Targets are measurements: met or not, they
-do not change the exit status.
+gpu-check.json (every figure, every check, and the targets of `gpu_report.py` as met or not) and gpu-check.log
+(everything the parts printed). The exit status is 0 when every part ran and every check and notebook passed; a
+notebook that needs a package gpu-wheels leaves out (Ray) is reported as not run. Targets are measurements: met or
+not, they do not change the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -49,153 +49,27 @@ from pathlib import Path
 from ttlib.course import NOTEBOOKS
 from ttlib.files import atomic_path
 
+from .gpu_parts import PART_FUNCTIONS, ROOT, SMOKE_DATASET_EPISODES
+from .gpu_report import figures, notebook_status, summary, targets
 from .gpu_wheels import normalize, wheel_metadata
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
+__all__ = ["SMOKE_DATASET_EPISODES", "notebook_status", "targets"]  # (re-exported: the tests read them here)
 DEFAULT_WHEELS = ROOT / ".whl"
 DEFAULT_SITE = Path(tempfile.gettempdir()) / "ttlib-gpu-check-site"  # kept: a second run installs nothing again
 
-# Seconds of the default 480-s budget for each part. A part may use what is left of the budget but half the share
-# of every part after it: time a part does not use goes to the later ones, and a slow part eats into them only
-# so far.
-SHARES = {"install": 35, "dataset": 25, "exactness": 40, "planning": 55, "training": 25, "notebooks": 180,
-          "rollouts": 120}  # the notebooks before the rollouts: what they prove matters more than a timing
-SMOKE_SHARES = {"install": 15, "dataset": 10, "exactness": 45, "planning": 20, "training": 15, "rollouts": 20,
-                "notebooks": 0}  # the notebooks run beside the rest, until the budget ends
+# Seconds of the default 480-s budget for each part, in the order they run. A part may use what is left of the
+# budget but half the share of every part after it: time a part does not use goes to the later ones, and a slow
+# part eats into them only so far. Expected on an H100 (docs/GPU.md): install 10 s, exactness 30-40 s, planning
+# 30-50 s, rollouts 40-70 s (cut off at its limit with a projection if slower), dataset 20-30 s, notebooks the rest.
+SHARES = {"install": 30, "exactness": 60, "planning": 70, "rollouts": 110, "dataset": 30, "notebooks": 180,
+          "training": 25}
+CAPS = {"exactness": 100, "planning": 100, "rollouts": 120}  # seconds at most (a slow part says enough by then:
+# the rollouts save their steps per second and projected total as they go), the rest left to the notebooks
+SMOKE_SHARES = {"install": 15, "exactness": 60, "planning": 25, "rollouts": 20, "dataset": 10, "notebooks": 0,
+                "training": 15}  # the notebooks run beside the rest, until the budget ends
 PARTS = tuple(SHARES)
+DEFAULT_PARTS = tuple(p for p in PARTS if p != "training")
 SMOKE_NOTEBOOK = "01_attention.ipynb"  # the cheapest notebook in fast mode (about 20 s on 2 CPU cores)
-SMOKE_DATASET_EPISODES = 12
-ROLLOUT_ENV = "HalfCheetah-v5"
-
-TARGETS = [  # (key, what, comparison, threshold, unit): the issue's targets for one H100
-    ("rollouts_s", "25 x 1,000-step HalfCheetah rollouts, vectorized", "<=", 60.0, "s"),
-    ("plan_ms", "one plan at batch 1 (halfcheetah preset, float32, KV cache)", "<=", 10.0, "ms"),
-    ("cache_speedup", "cached vs recomputed plan at batch 25 (float32)", ">=", 50.0, "x"),
-]
-
-
-# ---- the parts that run in their own process: each returns its figures; save(figures) keeps them so far ------
-def part_probe(args, save) -> dict:
-    """Which device the check runs on, and the versions that matter."""
-    import gymnasium
-    import torch
-
-    cuda = torch.cuda.is_available()
-    device = ("cuda" if cuda else "cpu") if args.device == "auto" else args.device
-    if torch.device(device).type == "cuda" and not cuda:
-        raise SystemExit(f"gpu-check: --device {device}, but PyTorch sees no CUDA device")
-    return {"device": device, "device_name": torch.cuda.get_device_name(device) if device != "cpu" else
-            platform.processor() or platform.machine(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "python": platform.python_version(), "cpu_count": os.cpu_count(), "gymnasium": gymnasium.__version__}
-
-
-def part_dataset(args, save) -> dict:
-    from ttlib import data
-
-    present = {row["id"]: row for row in data.list_local()}
-    built = data.DEFAULT_DATASET not in present
-    if built:
-        data.build(n_episodes=SMOKE_DATASET_EPISODES if args.smoke else None, progress=False)
-        present = {row["id"]: row for row in data.list_local()}
-    row = present[data.DEFAULT_DATASET]
-    return {"dataset": row["id"], "built": built, "episodes": row["episodes"], "steps": row["steps"]}
-
-
-def part_planning(args, save) -> dict:
-    from ttlib import bench
-
-    preset = "tiny" if args.smoke else "halfcheetah"
-    runs = []
-    for dtype in ("float32", "bfloat16"):
-        for batch in (1, 2) if args.smoke else (1, 25):
-            runs.append(bench.bench_planning(preset, batch=batch, repeats=1 if args.smoke else 5,
-                                             uncached_repeats=1, device=args.device, dtype=dtype))
-            save({"runs": runs})  # what was measured survives the part's time limit
-    ms = {(r["dtype"], r["batch"]): r["ms_per_plan_cached"] for r in runs}
-    return {"runs": runs, "bfloat16_speedup": {str(b): ms["float32", b] / ms["bfloat16", b] for _, b in ms}}
-
-
-def part_training(args, save) -> dict:
-    from ttlib import bench
-
-    preset, batch, steps = ("tiny", 8, 3) if args.smoke else ("halfcheetah", 64, 20)
-    out = {"device": bench.bench_training(preset, batch_size=batch, steps=steps, device=args.device)}
-    save(out)
-    if args.device != "cpu":  # the same model on this machine's CPU, for the ratio
-        out["cpu"] = bench.bench_training(preset, batch_size=batch, steps=5, device="cpu")
-        out["speedup_vs_cpu"] = out["device"]["tokens_per_s"] / out["cpu"]["tokens_per_s"]
-    return out
-
-
-def part_rollouts(args, save) -> dict:
-    from dataclasses import replace
-
-    from ttlib import bench
-
-    preset = replace(bench.PRESETS["tiny"], obs_dim=17, act_dim=6, n_layer=1, horizon=2, context=2) \
-        if args.smoke else "halfcheetah"  # smoke: a tiny model of HalfCheetah's shape
-    episodes, steps = (3, 10) if args.smoke else (25, 1000)
-    return bench.bench_rollouts(episodes=episodes, max_steps=steps, preset=preset, env_id=ROLLOUT_ENV,
-                                device=args.device, sequential_episodes=1, repeats=1)
-
-
-def part_notebook(args, save) -> dict:
-    """Run one notebook with nbclient, in the notebooks folder, as a learner's kernel would."""
-    import nbformat
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
-    from ttlib.grading.nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
-
-    path = Path(args.notebook) if os.sep in args.notebook else ROOT / "notebooks" / args.notebook
-    nb = nbformat.read(path, as_version=4)
-    started, began, seconds = time.monotonic(), {}, {}  # when each code cell began; how long each took
-
-    def slowest() -> dict:
-        return dict(sorted(seconds.items(), key=lambda kv: -kv[1])[:5])
-
-    def cell_starts(cell, cell_index, **_):  # saved as it happens: a notebook killed at its limit says where
-        if cell.cell_type == "code":
-            began[cell_index] = time.monotonic()
-            save({"outcome": "running", "cell": cell_index, "cell_id": cell.get("id"),
-                  "source": cell.source.splitlines()[:1], "at_s": round(began[cell_index] - started, 1),
-                  "slowest_cells_s": slowest()})
-
-    def cell_ends(cell, cell_index, **_):
-        if cell_index in began:
-            seconds[f"{cell_index} {cell.get('id')}"] = round(time.monotonic() - began[cell_index], 1)
-
-    client = PollingNotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
-                                   resources={"metadata": {"path": str(path.parent)}},
-                                   on_cell_start=cell_starts, on_cell_complete=cell_ends)
-    try:
-        client.execute()
-    except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:
-        return {"outcome": "failed", **where_it_failed(nb, error)}
-    return {"outcome": "passed", "cells": sum(c.cell_type == "code" for c in nb.cells),
-            "slowest_cells_s": slowest()}
-
-
-def where_it_failed(nb, error) -> dict:
-    """The failing cell (its index, id, first line) and the error, from an executed notebook."""
-    failure = {"error": type(error).__name__, "message": _plain(str(error))[-1500:]}
-    for index, cell in enumerate(nb.cells):
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if errors:
-            failure.update(cell=index, cell_id=cell.get("id"), source=cell.source.splitlines()[:1],
-                           ename=errors[0]["ename"], evalue=_plain(errors[0]["evalue"])[:500])
-            missing = re.match(r"No module named '([\w.]+)'", failure["evalue"])
-            if errors[0]["ename"] == "ModuleNotFoundError" and missing:
-                failure["missing_module"] = missing.group(1).split(".")[0]
-            break
-    return failure
-
-
-def _plain(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # tracebacks come coloured
-
-
-PART_FUNCTIONS = {"probe": part_probe, "dataset": part_dataset, "planning": part_planning,
-                  "training": part_training, "rollouts": part_rollouts, "notebook": part_notebook}
 
 
 def run_part_here(args) -> int:
@@ -227,10 +101,13 @@ class Run:
         return self.args.budget - (time.monotonic() - self.started)
 
     def limit(self, part: str, parts_left: list[str]) -> float:
-        """What is left, less half the share of every part after this one (parts_left: this one, then those)."""
+        """What is left, less half the share of every part after this one (parts_left: this one, then those), and no
+        more than the part's cap (CAPS, scaled with the budget)."""
         shares = SMOKE_SHARES if self.args.smoke else SHARES
         scale = self.args.budget / sum(shares.values())
-        return max(1.0, self.left() - sum(shares[p] * scale / 2 for p in parts_left[1:]))
+        limit = max(1.0, self.left() - sum(shares[p] * scale / 2 for p in parts_left[1:]))
+        capped = part in CAPS and not self.args.smoke
+        return min(limit, CAPS[part] * self.args.budget / 480) if capped else limit
 
     def say(self, line: str) -> None:
         print(line, flush=True)
@@ -375,36 +252,21 @@ def exactness(run: Run, limit: float) -> dict:
             "passed": len(tests) - len(failed) - len(skipped), "failed": failed, "skipped": skipped}
 
 
-def notebook_status(result: dict, left_out: dict) -> str:
-    """A notebook's status from what its process reported: passed, failed, timed out, or not run because it
-    needs a package the wheels leave out on purpose (`left_out`, from their manifest.json): one that is not
-    installed here, and that its error names -- as a missing module, or as "X ... not installed" (ttlib's own
-    message when Ray is missing)."""
-    outcome = result.pop("outcome", None)  # the notebook's; "status" is its process's
-    if outcome == "running":  # stopped at its limit while this cell ran
-        return f"{result['status']} in cell {result.get('cell')} ({result.get('cell_id')})"
-    for package, why in left_out.items():
-        named = result.get("missing_module") == package or re.search(
-            rf"\b{re.escape(package)}\b[^.]*\bnot installed", result.get("evalue", ""), re.IGNORECASE)
-        if outcome == "failed" and named and importlib.util.find_spec(package) is None:
-            return f"not run: needs {package} ({why})"
-    return outcome or result["status"]
-
-
 def notebooks(run: Run, limit: float) -> dict:
-    """Every notebook at once, `--jobs` at a time, each in its own process with its own kernel."""
+    """Every notebook at once, `--jobs` at a time, each in its own process with its own kernel, in full mode (as
+    learners run them) unless --fast-notebooks."""
     names, deadline = run.args.notebooks, time.monotonic() + limit
     jobs = max(1, min(len(names), run.args.jobs))
     threads = "1" if run.args.smoke else str(max(1, (os.cpu_count() or 1) // jobs))
     left_out = run.report["parts"].get("install", {}).get("left_out", {})
-    lock, results = threading.Lock(), {}
+    lock, results, mode = threading.Lock(), {}, "fast" if run.args.fast_notebooks else "full"
 
     def one(name):
         remaining = deadline - time.monotonic()
         if remaining < 1:
             return name, {"status": "not run: out of time"}
         with tempfile.TemporaryFile("w+") as output:
-            env = {"TTLIB_FAST": "1", "OMP_NUM_THREADS": threads,
+            env = {"TTLIB_FAST": "1" if mode == "fast" else "0", "OMP_NUM_THREADS": threads,
                    **({"CUDA_VISIBLE_DEVICES": ""} if run.args.device == "cpu" else {})}  # the notebooks pick it
             result = run.part("notebook", remaining, ["--notebook", name, "--cell-timeout", str(int(remaining))],
                               env=env, log=output)
@@ -419,79 +281,9 @@ def notebooks(run: Run, limit: float) -> dict:
             results[name] = result
             run.say(f"  notebook {name}: {result['status']} ({result.get('seconds', 0):.0f} s)")
     fine = [n for n, r in results.items() if r["status"] == "passed" or r["status"].startswith("not run: needs")]
-    return {"status": "ok" if len(fine) == len(results) else "failed", "limit_s": round(limit, 1),
+    return {"status": "ok" if len(fine) == len(results) else "failed", "limit_s": round(limit, 1), "mode": mode,
             "seconds": round(limit - (deadline - time.monotonic()), 1), "jobs": jobs,
             "threads_per_kernel": int(threads), "results": results}
-
-
-def targets(report: dict) -> list[dict]:
-    """The issue's targets, each with what was measured, at which sizes, and met or not (None where the sizes
-    are not the target's, as in a smoke run, or nothing was measured)."""
-    parts = report["parts"]
-    rollouts = parts.get("rollouts", {})
-    runs = [r for r in parts.get("planning", {}).get("runs", []) if r["dtype"] == "float32"]
-    one = next((r for r in runs if r["batch"] == 1), None)
-    widest = max(runs, key=lambda r: r["batch"], default=None)
-    measured = {
-        "rollouts_s": (rollouts.get("vectorized_s"), {k: rollouts.get(k) for k in ("env_id", "episodes", "steps")},
-                       rollouts.get("preset") == "halfcheetah" and rollouts.get("episodes") == 25
-                       and rollouts.get("steps") == 25_000),
-        "plan_ms": (one and one["ms_per_plan_cached"], one and {"preset": one["preset"], "batch": 1},
-                    bool(one) and one["preset"] == "halfcheetah"),
-        "cache_speedup": (widest and widest["speedup"], widest and {"preset": widest["preset"],
-                                                                    "batch": widest["batch"]},
-                          bool(widest) and widest["preset"] == "halfcheetah" and widest["batch"] == 25),
-    }
-    rows = []
-    for key, what, comparison, threshold, unit in TARGETS:
-        value, at, applies = measured[key]
-        met = None
-        if applies and value is not None:
-            met = value <= threshold if comparison == "<=" else value >= threshold
-        rows.append({"target": what, "key": key, "threshold": f"{comparison} {threshold:g} {unit}", "unit": unit,
-                     "measured": value, "at": at, "applies": bool(applies), "met": met})
-    return rows
-
-
-def summary(report: dict) -> list[str]:
-    """The report in a few lines: each part, the figures that matter, the targets."""
-    env = report.get("environment", {})
-    lines = [f"gpu-check{' --smoke' if report['smoke'] else ''}: {env.get('device', '?')} ({env.get('device_name')}),"
-             f" torch {env.get('torch')}, Python {env.get('python')}; {report.get('seconds')} s of a "
-             f"{report['budget_s']:g}-s budget"]
-    for name, part in report["parts"].items():
-        lines.append(f"  {name:10s} {part['status']:10s} {part.get('seconds', 0):6.1f} s  {_figures(name, part)}")
-    for row in report.get("targets", []):
-        verdict = {True: "MET", False: "NOT MET", None: "n/a"}[row["met"]]
-        value = "not measured" if row["measured"] is None else f"{row['measured']:.3g} {row['unit']}"
-        lines.append(f"  target {verdict:8s} {row['target']} {row['threshold']}: {value}"
-                     + ("" if row["applies"] else f" (at {row['at']}, not the target's sizes)"))
-    lines.append("gpu-check: " + ("every part ran and every check passed" if report.get("ok") else "FAILED"))
-    return lines
-
-
-def _figures(name: str, part: dict) -> str:
-    if name == "install":
-        return (f"{len(part.get('installed', {}))} installed, {len(part.get('already_present', {}))} already there"
-                + (f"; unmet: {part['unmet_requirements']}" if part.get("unmet_requirements") else ""))
-    if name == "dataset":
-        return f"{part.get('dataset')}: {part.get('episodes')} episodes" + (" (built)" if part.get("built") else "")
-    if name == "exactness":
-        return (f"{part.get('passed')} of {len(part.get('tests', []))} tests passed on {part.get('device')}"
-                + (f"; failed: {part['failed']}" if part.get("failed") else ""))
-    if name == "planning":
-        return "; ".join(f"{r['dtype']} batch {r['batch']}: {r['ms_per_plan_cached']:.1f} ms cached, "
-                         f"{r['speedup']:.0f}x the recomputing decoder" for r in part.get("runs", []))
-    if name == "training" and "device" in part:
-        ratio = f", {part['speedup_vs_cpu']:.1f}x the CPU" if "speedup_vs_cpu" in part else ""
-        return f"{part['device']['tokens_per_s']:,.0f} tokens/s{ratio}"
-    if name == "rollouts" and "vectorized_s" in part:
-        return (f"{part['episodes']} x {part['max_steps']} steps: {part['vectorized_s']:.1f} s vectorized; one "
-                f"episode alone {part['sequential_s']:.1f} s ({part['speedup']:.1f}x)")
-    if name == "notebooks":
-        outcomes = [r["status"] for r in part.get("results", {}).values()]
-        return ", ".join(f"{outcomes.count(s)} {s}" for s in dict.fromkeys(outcomes))
-    return ""
 
 
 def check(args) -> int:
@@ -504,6 +296,9 @@ def check(args) -> int:
     parts = [p for p in PARTS if p in args.parts]
     beside = args.smoke and "notebooks" in parts
     timed = [p for p in parts if not (beside and p == "notebooks")]
+    if beside and "dataset" in timed:  # the notebook reads the dataset: made first, then the notebook starts
+        timed.insert(1, timed.pop(timed.index("dataset")))
+    start_beside = "dataset" if "dataset" in timed else "install"
     background, stopped = None, None
     for i, name in enumerate(timed):
         if stopped or run.left() < 1:
@@ -514,14 +309,14 @@ def check(args) -> int:
         special = {"install": install, "exactness": exactness, "notebooks": notebooks}
         result = special[name](run, limit) if name in special else run.part(name, limit)
         run.record(name, result)
-        run.say(f"  {name}: {result['status']} in {result.get('seconds', 0):.1f} s {_figures(name, result)}")
+        run.say(f"  {name}: {result['status']} in {result.get('seconds', 0):.1f} s {figures(name, result)}")
         if name == "install" and result["status"] != "ok":
             stopped = "the install failed"
         elif name == "install":
             args.device = run.report["environment"]["device"]
-            if beside:  # from now on, beside the rest
-                background = threading.Thread(target=lambda: run.record("notebooks", notebooks(run, run.left())))
-                background.start()
+        if beside and name == start_beside and not stopped:  # from now on, beside the rest
+            background = threading.Thread(target=lambda: run.record("notebooks", notebooks(run, run.left())))
+            background.start()
     if background:
         background.join()
     elif beside:
@@ -542,8 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--smoke", action="store_true", help=f"tiny sizes and one notebook ({SMOKE_NOTEBOOK}): "
                         "checks that every part runs; measures nothing worth keeping")
     parser.add_argument("--budget", type=float, help="seconds for the whole check (default 480; smoke 300)")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="run only these (the install always runs)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS),
+                        help=f"run only these (the install always runs; default: {' '.join(DEFAULT_PARTS)})")
+    parser.add_argument("--fast-notebooks", action="store_true", help="the notebooks in fast mode (TTLIB_FAST=1; "
+                        "smoke: always) instead of the full mode learners run")
     parser.add_argument("--notebooks", nargs="+", help="these notebooks of ttlib.course.NOTEBOOKS (default: all; "
                         f"smoke: {SMOKE_NOTEBOOK})")
     parser.add_argument("--jobs", type=int, help="notebooks run at a time (default: half the CPU cores)")
@@ -573,6 +370,7 @@ def main(argv=None) -> int:
     args.budget = args.budget or (300.0 if args.smoke else 480.0)
     args.jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
     args.parts = ["install", *args.parts] if "install" not in args.parts else args.parts
+    args.fast_notebooks = args.fast_notebooks or args.smoke
     return check(args)
 
 

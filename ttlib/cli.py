@@ -58,7 +58,7 @@ def _cmd_lab(args):
 
 
 def _cmd_bench(args):
-    from . import bench
+    from . import bench, bench_runs
 
     repeats = {} if args.repeats is None else {"repeats": args.repeats}  # else each benchmark's own default
     if args.which == "decoding":
@@ -70,11 +70,12 @@ def _cmd_bench(args):
     elif args.which == "profile":
         out = bench.profile_planning(args.preset, batch=args.batch, device=args.device)
     elif args.which == "rollouts":
-        out = bench.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps, **repeats)
+        out = bench_runs.bench_rollouts(episodes=args.episodes, max_steps=args.max_steps, **repeats)
     elif args.which == "distributed":
-        out = bench.bench_distributed(workers=tuple(args.workers), episodes=args.episodes, max_steps=args.max_steps)
+        out = bench_runs.bench_distributed(workers=tuple(args.workers), episodes=args.episodes,
+                                           max_steps=args.max_steps)
     else:
-        out = bench.bench_training(args.preset if args.preset != "halfcheetah" else "lunarlander",
+        out = bench_runs.bench_training(args.preset if args.preset != "halfcheetah" else "lunarlander",
                                    device=args.device)
     if args.json:
         print(json.dumps(out))
@@ -84,7 +85,11 @@ def _cmd_bench(args):
             v = f"{v['median']:.3g} ({v['min']:.3g}-{v['max']:.3g}, {v['n']} runs)"
         print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
     if args.which == "planning":
-        print(f"\none plan takes {out['plan_over_floor']['median']:.2f}x the float32 FLOP floor of this machine "
+        print("\nside by side, " + "; ".join(
+            f"{name}: {d['ms_per_plan']['median']:.1f} ms ({d['share_of_matmul_rate']['median']:.1%} of the matmul "
+            f"rate" + (f", {d['speedup_vs_fused']['median']:.2f}x fused)" if "speedup_vs_fused" in d else ")")
+            for name, d in out["decoders"].items()) + f"; beam_plan's default here: {out['default_decoder']}")
+        print(f"one plan takes {out['plan_over_floor']['median']:.2f}x the float32 FLOP floor of this machine "
               f"({out['gflop_per_plan']:.2f} GFLOP at {out['matmul_gflops']:.0f} GFLOP/s = {out['floor_ms']:.0f} ms): "
               f"{out['share_of_matmul_rate']['median']:.0%} of its matmul rate")
         print(f"its matrix products alone, at their own sizes and with nothing between them, take "

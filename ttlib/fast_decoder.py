@@ -50,9 +50,11 @@ class BufferPool:
     same shapes, and a fresh buffer of many MB costs page faults as it is first written (the operating system
     hands out memory a page at a time). Whoever plans repeatedly owns one and passes it to `beam_plan`."""
 
-    def __init__(self, max_bytes: int = 256 * 2**20):
+    def __init__(self, max_bytes: int = 256 * 2**20, max_kept: int = 2):
         self.free = []  # buffers not in use, the most recently returned first
         self.max_bytes = max_bytes  # the most memory kept
+        self.kept = {}  # key -> a static_decoder.StaticPlanner not in use, the most recently returned last
+        self.max_kept = max_kept  # the most static planners kept (each holds its cache, and its CUDA graphs)
         self.lock = threading.Lock()  # a pool may serve planners in several threads
 
     def take(self, shape: tuple, like: torch.Tensor) -> torch.Tensor:
@@ -66,6 +68,18 @@ class BufferPool:
         buffer = like.new_empty(shape)
         buffer[:, 1, ..., :min_slots(1, shape[-1]), :].zero_()
         return buffer
+
+    def take_kept(self, key, make):
+        """The object kept under key, taken out of the pool (no other thread gets it meanwhile), or make()."""
+        with self.lock:
+            kept = self.kept.pop(key, None)
+        return kept if kept is not None else make()
+
+    def give_kept(self, key, kept) -> None:
+        with self.lock:
+            self.kept[key] = kept
+            while len(self.kept) > self.max_kept:
+                del self.kept[next(iter(self.kept))]  # the least recently returned
 
     def give(self, *buffers: torch.Tensor) -> None:
         with self.lock:

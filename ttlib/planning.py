@@ -17,11 +17,12 @@ The first action of the best plan is executed and the whole search runs again at
 
 Three decoders give the next token's logits, behind one interface (logits, feed, expand, select, release):
 `CachedDecoder` (the model's own KV cache, `model(x, cache=...)` and `KVCache.reorder`: the one to read),
-`fast_decoder.FusedDecoder` (the same numbers with far fewer operations: the default) and `RecomputeDecoder`
-(runs the whole sequence again for every token, the naive baseline). All consume the same random numbers, so the
-same seed gives the same plan with any of them (exactly in float64; in float32 rounding may break a near-tie).
-Random numbers come from a counter-based hash of (environment key, token counter, beam row): an environment's
-plan does not depend on which other environments share the batch.
+`fast_decoder.FusedDecoder` (the same numbers with far fewer operations: the CPU's default) and `RecomputeDecoder`
+(runs the whole sequence again for every token, the naive baseline). A fourth way runs the whole search, not only
+the model, with static shapes: `static_decoder`, which a GPU replays as CUDA graphs (its default in a rollout). All
+consume the same random numbers (`search.py`), so the same seed gives the same plan with any of them (exactly in
+float64; in float32 rounding may break a near-tie). Random numbers come from a counter-based hash of (environment
+key, token counter, beam row): an environment's plan does not depend on which other environments share the batch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ import torch
 from .critic import Critic
 from .fast_decoder import BufferPool, FusedDecoder
 from .model import TrajectoryGPT
+from .search import Plan, best_children, counter_uniform, decode_plan, plan_score, sample_bins
+from .static_decoder import static_plan
 from .tokenizer import TrajectoryTokenizer
+
+__all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
+
+
+CACHES = ("auto", "fused", "readable", "static")  # PlannerConfig.cache (see static_search for "auto")
+AUTO_ON_CPU = "fused"  # measured: `ttlib bench planning` times both side by side (docs/RESULTS.md, "Speed")
 
 
 @dataclass
@@ -49,7 +58,10 @@ class PlannerConfig:
     value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
     value: str = "token"  # what values a plan's end: "token" (the model's value token) or "critic" (a Q critic)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
-    cache: str = "fused"  # with use_cache: "fused" (fast_decoder.FusedDecoder) or "readable" (CachedDecoder)
+    cache: str = "auto"  # with use_cache: "fused" (fast_decoder.FusedDecoder), "readable" (CachedDecoder), "static"
+    # (static_decoder: the whole search with static shapes) or "auto": static on a GPU planning again and again
+    # (buffers kept: the graphs are replayed), else fused (static_search)
+    cuda_graphs: bool = True  # static on a GPU, planning again and again (buffers kept): replay CUDA graphs
 
     def validate(self) -> None:
         for name in ("beam_width", "horizon", "sample_expand", "context"):
@@ -65,8 +77,8 @@ class PlannerConfig:
             raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
         if self.value not in ("token", "critic"):
             raise ValueError(f"value must be 'token' or 'critic', got {self.value!r}")
-        if self.cache not in ("fused", "readable"):
-            raise ValueError(f"cache must be 'fused' or 'readable', got {self.cache!r}")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache must be one of {', '.join(map(repr, CACHES))}, got {self.cache!r}")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
@@ -95,59 +107,6 @@ def critic_planner(**overrides) -> PlannerConfig:
     ranks them; one step ahead, because the critic already values all that follows, and every further step would
     judge the model's imagined, binned observations instead of the real one."""
     return course_planner(**{"value": "critic", "horizon": 1, **overrides})
-
-
-@dataclass
-class Plan:
-    actions: torch.Tensor  # (E, H, act_dim) decoded actions of the best plan per environment
-    observations: torch.Tensor  # (E, H-1, obs_dim) the observations the model expects along it
-    rewards: torch.Tensor  # (E, H) expected rewards
-    values: torch.Tensor  # (E, H) expected values after each step
-    score: torch.Tensor  # (E,) discounted score of the best plan
-    bins: torch.Tensor  # (E, n_generated) every generated token, as bins
-
-
-# ---- random numbers that do not depend on the batch ---------------------------------------------------------
-_MASK32 = 0xFFFFFFFF
-
-
-def _pcg_hash(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (PCG output permutation) on int64 tensors; products stay below 2^63."""
-    state = (x * 747796405 + 2891336453) & _MASK32
-    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _MASK32
-    return ((word >> 22) ^ word) & _MASK32
-
-
-def counter_uniform(keys: torch.Tensor, counter: int | torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Uniform numbers in (0, 1), float64, one per entry of keys/rows, a pure function of (key, counter, row).
-    The three broadcast: keys and rows (B, 1) with counters (A,) give (B, A), the numbers of A counters at once."""
-    h = _pcg_hash(keys & _MASK32)
-    h = _pcg_hash(h ^ ((keys >> 32) & _MASK32))
-    h = _pcg_hash(h ^ counter)
-    h = _pcg_hash(h ^ rows)
-    return (h.to(torch.float64) + 0.5) / 2**32
-
-
-def sample_bins(logits: torch.Tensor, uniform: torch.Tensor, top_k: int | None = None,
-                temperature: float = 1.0, top_p: float | None = None) -> torch.Tensor:
-    """Inverse-CDF sampling: logits (B, N), uniform (B,) -> bins (B,).
-
-    top_k keeps the k likeliest bins; top_p ("nucleus") keeps the likeliest bins until they hold a probability
-    of at least top_p. On data from a mixture of policies, top_p drops the rare, random-looking actions.
-    """
-    if temperature != 1:
-        logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)  # (B, N) likeliest first
-        outside = probs.cumsum(dim=-1) - probs >= top_p  # bins after the nucleus already holds top_p
-        logits = logits.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
-    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)  # (B, N)
-    threshold = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]  # (B, 1)
-    bins = torch.searchsorted(cdf, threshold, right=True)[:, 0]
-    return bins.clamp_(max=logits.shape[-1] - 1)
 
 
 # ---- decoders: where the next token's logits come from ------------------------------------------------------
@@ -207,10 +166,24 @@ class RecomputeDecoder:
 
 
 def decoder_for(use_cache: bool, cache: str = "fused"):
-    """The decoder class a planner setting asks for (see PlannerConfig.use_cache and .cache)."""
+    """The decoder class a planner setting asks for (see PlannerConfig.use_cache and .cache). The static search
+    has no decoder of its own to call token by token: there, the fused decoder computes the same logits."""
     if not use_cache:
         return RecomputeDecoder
-    return {"fused": FusedDecoder, "readable": CachedDecoder}[cache]
+    return CachedDecoder if cache == "readable" else FusedDecoder
+
+
+def static_search(config: PlannerConfig, device: torch.device, trace=None, critic=None, kept: bool = True) -> bool:
+    """Whether beam_plan runs `static_decoder`'s search: asked for, or "auto" on CUDA with buffers kept from plan to
+    plan (kept: the graphs recorded once are replayed; a single plan would only pay for recording them), or on a
+    CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with either, it says
+    so."""
+    if config.cache == "static" and config.use_cache and (critic is not None or trace is not None):
+        raise ValueError("the static search (cache='static') scores with the value token and keeps no trace: plan "
+                         "with cache='fused' for a critic or a search tree")
+    on_cuda = kept and config.cuda_graphs
+    auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
+    return config.use_cache and (config.cache == "static" or auto) and critic is None and trace is None
 
 
 def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True,
@@ -252,22 +225,6 @@ def score_actions(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: 
     return (reward + gamma * value).cpu()
 
 
-def best_children(score: torch.Tensor, n_envs: int, beam_width: int) -> torch.Tensor:
-    """score (E*R,), R children per environment in a row -> (E*W,) rows of the best W children of each environment,
-    best first, as indices into score. A stable sort: equal scores keep their order, on every device."""
-    R = score.shape[0] // n_envs
-    order = torch.sort(score.view(n_envs, R), dim=1, descending=True, stable=True).indices[:, :beam_width]  # (E, W)
-    return (order + torch.arange(n_envs, device=score.device)[:, None] * R).reshape(-1)
-
-
-def plan_score(rewards: torch.Tensor, value: torch.Tensor, gamma: float) -> torch.Tensor:
-    """The score of finished plans: rewards (B, T) expected, value (B,) expected after the last step -> (B,)
-    sum_k gamma^k rewards[:, k] + gamma^T value. `beam_plan` keeps the same sum as it goes, step by step."""
-    T = rewards.shape[1]
-    discounts = gamma ** torch.arange(T, dtype=rewards.dtype, device=rewards.device)  # (T,)
-    return (rewards * discounts).sum(dim=1) + gamma**T * value
-
-
 def token_name(j: int, obs_dim: int, act_dim: int) -> str:
     """What generated token j of a plan is: 'step 1, action dim 0', 'step 0, reward', 'step 2, observation dim 3'."""
     step, i = divmod(j, act_dim + 2 + obs_dim)  # per step: action, reward, value, next observation
@@ -298,11 +255,13 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
 
     prefix (E, P): every environment's context as bins, ending with its current observation (all E the same
     length). keys (E,) int64: one random key per environment and decision (e.g. hash of seed and step).
-    buffers: the fused decoder's cache buffers, kept from one call to the next by whoever plans again and again
-    (a rollout); None allocates fresh ones. The model plans in evaluation mode (no dropout); its mode is
-    restored afterwards. trace: a list to which every step appends (score (E*W*X,) of its children, keep (E*W,)
-    the rows it kept), on the CPU: the search tree, for `viz.plot_beam_tree`. critic: the Q critic that
-    `config.value == "critic"` scores with (on the model's device); ignored with `value="token"`.
+    buffers: the cache buffers (and the static search, with its CUDA graphs), kept from one call to the next by
+    whoever plans again and again (a rollout); None allocates fresh ones (and replays no graphs). The model plans
+    in evaluation mode (no dropout); its mode is restored afterwards. trace: a list to which every step appends
+    (score (E*W*X,) of its children, keep (E*W,) the rows it kept), on the CPU: the search tree, for
+    `viz.plot_beam_tree`. critic: the Q critic that `config.value == "critic"` scores with (on the model's
+    device); ignored with `value="token"`. On a GPU with buffers kept the search runs with static shapes
+    (`static_decoder`), replayed as CUDA graphs; otherwise, with a critic or a trace, on the fused decoder.
     """
     check_critic(config, critic)
     was_training = model.training
@@ -360,6 +319,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
     E, H, W, X = prefix.shape[0], config.horizon, config.beam_width, config.sample_expand
     device = model.pos_emb.device
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
+    if static_search(config, device, trace, critic, kept=buffers is not None):
+        return static_plan(model, tokenizer, prefix, keys, config, buffers)
 
     decoder = decoder_for(config.use_cache, config.cache)(
         model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each
@@ -420,20 +381,3 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
 
 def _decode_plan(tokenizer, best: Beams, score, horizon) -> Plan:
     return decode_plan(tokenizer, best.generated, best.rewards, best.values, score, horizon)
-
-
-def decode_plan(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
-                score: torch.Tensor, horizon: int) -> Plan:
-    """The best plans as a Plan: bins (E, n) generated, rewards and values (E, H) expected, score (E,). Cuts the
-    bins into actions and observations and decodes them."""
-    O, A = tokenizer.obs_dim, tokenizer.act_dim
-    E = bins.shape[0]
-    step = A + 2 + O  # generated tokens per step: action, reward, value, next observation
-    padded = torch.cat([bins, bins.new_zeros(E, step * horizon - bins.shape[1])], dim=1)
-    per_step = padded.view(E, horizon, step).cpu().numpy()  # (E, H, step)
-    actions = tokenizer.decode(per_step[:, :, :A], dims=slice(O, O + A))  # (E, H, A)
-    observations = tokenizer.decode(per_step[:, :-1, A + 2:], dims=slice(0, O))  # (E, H-1, O)
-    return Plan(actions=torch.as_tensor(actions, dtype=torch.float32),
-                observations=torch.as_tensor(observations, dtype=torch.float32),
-                rewards=rewards.float().cpu(), values=values.float().cpu(), score=score.float().cpu(),
-                bins=bins.cpu())
