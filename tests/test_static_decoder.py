@@ -10,7 +10,7 @@ import torch
 from ttlib import planning
 from ttlib.bench import PRESETS, random_model
 from ttlib.fast_decoder import BufferPool
-from ttlib.graphs import CUDAGraphs, Eager
+from ttlib.graphs import CUDAGraphs, Eager, compiled
 from ttlib.planning import PlannerConfig, beam_plan
 from ttlib.static_decoder import StaticPlanner, generated_length, plan_schedule, slots
 
@@ -192,3 +192,24 @@ def test_the_static_search_says_what_it_cannot_do():
     assert planning.static_search(PlannerConfig(cache="static", cuda_graphs=False), cuda, kept=False)  # asked for
     assert planning.static_search(PlannerConfig(), cpu) == (planning.AUTO_ON_CPU == "static")
     assert not planning.static_search(PlannerConfig(use_cache=False), cuda)
+
+
+def test_a_step_that_cannot_be_compiled_says_why_and_runs_as_written():
+    """graphs.compiled: torch.compile refuses a function it cannot make one graph of (here a graph break, under
+    fullgraph=True); the wrapper warns once, keeps the reason where the runner keeps its failures, and from then on
+    runs the function as written."""
+    runner, calls = CUDAGraphs(), []
+
+    def step(x):
+        calls.append(1)
+        torch._dynamo.graph_break()
+        return x + 1
+
+    run = compiled(step, runner)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(torch.ones(2)).tolist() == [2.0, 2.0]
+        assert run(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert runner.failures["compile"].startswith("torch.compile failed, running the step as written: ")
+    assert runner.failed == runner.failures["compile"]
+    assert [str(w.message) for w in caught] == [runner.failed]

@@ -16,6 +16,8 @@ its own process (`gpu_parts.py`) and under its own time limit, drawn from one bu
                of the GPU's matmul rate and what recording the graphs cost (`ttlib bench planning`)
     rollouts   25 episodes of 1,000 steps in HalfCheetah-v5 with a random model of that preset's shape, vectorized;
                steps per second and the projected total are saved as it goes, so a cut-off run still says something
+    compiled   the static search with its step fused by torch.compile before its graphs are recorded, beside the
+               graphs alone, batch 1 and 25 -- only when asked for (--parts ... compiled): a compile takes a minute
     dataset    `ttlib make-dataset`, if the course dataset is missing (the notebooks read it)
     notebooks  every notebook of ttlib.course.NOTEBOOKS in full mode, as on Colab, with nbclient, several at a time;
                each picks the device itself, reports its time, and, stopped at the limit, the cell it was in
@@ -61,14 +63,14 @@ DEFAULT_SITE = Path(tempfile.gettempdir()) / "ttlib-gpu-check-site"  # kept: a s
 # budget but half the share of every part after it: time a part does not use goes to the later ones, and a slow
 # part eats into them only so far. Expected on an H100 (docs/GPU.md): install 10 s, exactness 30-40 s, planning
 # 30-50 s, rollouts 40-70 s (cut off at its limit with a projection if slower), dataset 20-30 s, notebooks the rest.
-SHARES = {"install": 30, "exactness": 60, "planning": 70, "rollouts": 110, "dataset": 30, "notebooks": 180,
-          "training": 25}
-CAPS = {"exactness": 100, "planning": 100, "rollouts": 120}  # seconds at most (a slow part says enough by then:
-# the rollouts save their steps per second and projected total as they go), the rest left to the notebooks
-SMOKE_SHARES = {"install": 15, "exactness": 60, "planning": 25, "rollouts": 20, "dataset": 10, "notebooks": 0,
-                "training": 15}  # the notebooks run beside the rest, until the budget ends
+SHARES = {"install": 30, "exactness": 60, "planning": 70, "rollouts": 110, "compiled": 60, "dataset": 30,
+          "notebooks": 180, "training": 25}
+CAPS = {"exactness": 100, "planning": 100, "rollouts": 120, "compiled": 110}  # seconds at most (a slow part says
+# enough by then: the rollouts save their steps per second and projected total as they go), the rest to the notebooks
+SMOKE_SHARES = {"install": 15, "exactness": 60, "planning": 25, "rollouts": 20, "compiled": 15, "dataset": 10,
+                "notebooks": 0, "training": 15}  # the notebooks run beside the rest, until the budget ends
 PARTS = tuple(SHARES)
-DEFAULT_PARTS = tuple(p for p in PARTS if p != "training")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("training", "compiled"))  # those two only when asked for
 SMOKE_NOTEBOOK = "01_attention.ipynb"  # the cheapest notebook in fast mode (about 20 s on 2 CPU cores)
 
 

@@ -65,6 +65,20 @@ def part_planning(args, save) -> dict:
     return {"runs": runs}
 
 
+def part_compiled(args, save) -> dict:
+    """The static search with its step fused by torch.compile, replayed as graphs, beside the graphs alone, at
+    batch 1 and 25 (float32): whether compiling pays, and what it costs once (first_plan_ms)."""
+    from ttlib import bench
+
+    preset = "tiny" if args.smoke else "halfcheetah"
+    runs = []
+    for batch in (1, 2) if args.smoke else (1, 25):
+        runs.append(bench.bench_planning(preset, batch=batch, repeats=1 if args.smoke else 5, device=args.device,
+                                         uncached_repeats=0, decoders=("static graphs compiled", "static graphs")))
+        save({"runs": runs})
+    return {"runs": runs}
+
+
 def part_training(args, save) -> dict:
     from ttlib import bench_runs
 
@@ -171,5 +185,5 @@ def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)  # tracebacks come coloured
 
 
-PART_FUNCTIONS = {"probe": part_probe, "dataset": part_dataset, "planning": part_planning,
+PART_FUNCTIONS = {"probe": part_probe, "dataset": part_dataset, "planning": part_planning, "compiled": part_compiled,
                   "training": part_training, "rollouts": part_rollouts, "notebook": part_notebook}

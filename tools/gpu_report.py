@@ -90,7 +90,7 @@ def figures(name: str, part: dict) -> str:
     if name == "exactness":
         return (f"{part.get('passed')} of {len(part.get('tests', []))} tests passed on {part.get('device')}"
                 + (f"; failed: {part['failed']}" if part.get("failed") else ""))
-    if name == "planning":
+    if name in ("planning", "compiled"):
         return "; ".join(_planning(run) for run in part.get("runs", []))
     if name == "training" and "device" in part:
         ratio = f", {part['speedup_vs_cpu']:.1f}x the CPU" if "speedup_vs_cpu" in part else ""
@@ -110,7 +110,7 @@ def _planning(run: dict) -> str:
     """One batch's plans: every decoder's time and share of the matmul rate, and what recording graphs cost."""
     decoders = ", ".join(f"{name} {d['ms_per_plan']['median']:.1f} ms ({d['share_of_matmul_rate']['median']:.2%})"
                          for name, d in run["decoders"].items())
-    graphs = run.get("graphs") or {}
+    graphs = run.get("graphs") or run.get("compiled") or {}
     recorded = (f"; graphs recorded in {graphs['capture_s']:.2f} s" if graphs.get("graphs") else "") + (
         f"; CAPTURE FAILED: {graphs['failed']}" if graphs.get("failed") else "")
     return f"{run['dtype']} batch {run['batch']}: {decoders}{recorded}"

@@ -184,6 +184,8 @@ DECODERS = {  # the planners `ttlib bench planning` times side by side: name -> 
     "fused": dict(cache="fused"),  # fast_decoder.FusedDecoder, token by token from Python
     "static": dict(cache="static", cuda_graphs=False),  # static_decoder, launched kernel by kernel
     "static graphs": dict(cache="static", cuda_graphs=True),  # the same, replayed as CUDA graphs (CUDA only)
+    "static graphs compiled": dict(cache="static", cuda_graphs=True, compile_step=True),  # its step fused by
+    # torch.compile first (gpu-check times it apart: its compile takes about a minute)
 }
 
 
@@ -246,8 +248,10 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
                 "ms_per_plan_uncached": 1000 * t_uncached, "speedup": t_uncached / (out["ms_per_plan_cached"] / 1000),
                 "max_logit_gap": float((logits_along(model, prefix[:4], plan.bins[:4], True) - recomputed).abs().max()),
                 "max_abs_logit": float(recomputed.abs().max())})
-    if "static graphs" in pools and pools["static graphs"].kept:
-        out["graphs"] = next(iter(pools["static graphs"].kept.values())).runner.stats()
+    for name in ("static graphs", "static graphs compiled"):  # what recording (and compiling) cost, what failed
+        if name in pools and pools[name].kept:
+            kept = next(iter(pools[name].kept.values()))
+            out["graphs" if name == "static graphs" else "compiled"] = kept.runner.stats()
     if faster_tt:
         theirs = faster_tt_planner(faster_tt, p, batch, device)
         faster_tt_planner(faster_tt, p, 1, device)()  # warm-up, on one environment

@@ -99,3 +99,27 @@ class CUDAGraphs:
         return {"runner": "cuda-graphs", "graphs": len(self.graphs), "capture_s": round(self.capture_s, 3),
                 "replays": self.replays, "eager_runs": self.eager_runs, "failed": self.failed,
                 "units_failed": len(self.failures)}
+
+
+def compiled(fn, runner):
+    """fn compiled by torch.compile (one graph, static shapes), which fuses its small elementwise kernels -- layer
+    norms, GELU, softmax, the masks -- into a few generated ones; the runner still records and replays the result.
+    If compiling fails, the reason goes where the runner keeps its failures, a warning says it once, and fn runs
+    as written from then on."""
+    state = {"fn": torch.compile(fn, fullgraph=True, dynamic=False)}
+
+    def run(*args):
+        try:
+            return state["fn"](*args)
+        except Exception as error:  # noqa: BLE001 -- any reason at all: go on as written and say why
+            if state["fn"] is fn:
+                raise
+            why = f"torch.compile failed, running the step as written: {type(error).__name__}: {error}"
+            if hasattr(runner, "failures"):
+                runner.failures["compile"] = why
+                runner.failed = runner.failed or why
+            warnings.warn(why, RuntimeWarning, stacklevel=2)
+            state["fn"] = fn
+            return fn(*args)
+
+    return run

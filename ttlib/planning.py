@@ -62,6 +62,8 @@ class PlannerConfig:
     # (static_decoder: the whole search with static shapes) or "auto": static on a GPU planning again and again
     # (buffers kept: the graphs are replayed), else fused (static_search)
     cuda_graphs: bool = True  # static on a GPU, planning again and again (buffers kept): replay CUDA graphs
+    compile_step: bool = False  # static: fuse the decoding step's small kernels with torch.compile first
+    # (Triton on a GPU; a one-time compile of about a minute, measured by gpu-check before it is a default)
 
     def validate(self) -> None:
         for name in ("beam_width", "horizon", "sample_expand", "context"):

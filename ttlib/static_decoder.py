@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .fast_decoder import BufferPool, LayerWeights, min_slots, norm_args
-from .graphs import CUDAGraphs, Eager
+from .graphs import CUDAGraphs, Eager, compiled
 from .search import Plan, best_children, counter_uniform, decode_plan, sample_bins
 
 SLOT, SAMPLE, UNIFORM, COLUMN, REWARD = range(5)  # the columns of a schedule row
@@ -178,6 +178,7 @@ class StaticPlanner:
         self.prefixes, self.attended = {}, {}  # per context length: the input, the context tokens attended to
         self.out = Rows(E, 1, self.G, H, 1, p)  # the best plan of every environment
         self.n_context = self.Kc  # context slots a step reads (eagerly, only the real ones)
+        self.step = compiled(self._step, runner) if config.compile_step and runner.static else self._step
 
     # ---- the plan: units in a fixed order, each the same work every time -----------------------------------
     def plan(self, prefix: torch.Tensor, keys: torch.Tensor) -> Plan:
@@ -200,12 +201,12 @@ class StaticPlanner:
             run(("expand", t), partial(self._expand, t))
             for _ in range(A + 1):
                 n = S if static else self._reads(k, self.X)
-                run(("step", "children", t % 2), partial(self._step, self.children, t % 2, n))
+                run(("step", "children", t % 2), partial(self.step, self.children, t % 2, n))
                 k += 1
             run(("select", t), partial(self._select, t))
             for _ in range(1 + O if t < H - 1 else 0):
                 n = S if static else self._reads(k, 1)
-                run(("step", "beams", (t + 1) % 2), partial(self._step, self.beams, (t + 1) % 2, n))
+                run(("step", "beams", (t + 1) % 2), partial(self.step, self.beams, (t + 1) % 2, n))
                 k += 1
         run(("finish",), self._finish)
         out = self.out  # copied: the next plan writes into the same tensors
