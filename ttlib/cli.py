@@ -148,8 +148,8 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
+    from .checkpoints import CheckpointError
     from .ray_cluster import DistributedError
-    from .train import CheckpointError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's

@@ -21,7 +21,8 @@ def _cmd_train(args):
 def _trained(args, result, losses: str, config) -> None:
     """Say how training went (how far, the last losses, the model kept, overfitting), and write the slim copy
     --export asks for."""
-    from .train import best_line, export_checkpoint, overfitting
+    from .best_model import best_line, overfitting
+    from .checkpoints import export_checkpoint
 
     history = result.history
     ran = history[-1]["step"] + 1
@@ -40,7 +41,7 @@ def _resumed_config(args, config_class, kind: str) -> dict:
     is refused by the training's check_resume, naming it), so no flag has to be repeated."""
     if args.resume is None:
         return {}
-    from .train import read_checkpoint
+    from .checkpoints import read_checkpoint
 
     saved = read_checkpoint(args.resume, kind=kind).get("train_config")
     return config_class.from_settings(saved).settings() if saved else {}
@@ -113,8 +114,7 @@ def add_train_critic(sub) -> None:
 def _cmd_train_critic(args):
     import time
 
-    from .critic import CriticConfig
-    from .train import add_critic
+    from .critic import CriticConfig, add_critic
 
     config = CriticConfig(expectile=args.expectile, steps=args.steps, members=args.members,  # gamma: the checkpoint's
                           batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
@@ -138,7 +138,7 @@ def where_to_resume(args) -> str:
     """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
     if args.command != "train":
         return ""
-    from .train import CheckpointError, read_checkpoint
+    from .checkpoints import CheckpointError, read_checkpoint
 
     try:
         step = read_checkpoint(args.out, kind=None)["step"]
