@@ -7,15 +7,29 @@ def _cmd_train(args):
     from .train import TrainConfig, train
 
     if args.model == "dt":
+        if args.workers != 1 or args.ray is not None:
+            raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
+                             "process (leave them out with --model dt)")
         return _cmd_train_dt(args)
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
         raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = _given_settings(args, TrainConfig)
     config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
-    result = train(config, out=args.out, resume=args.resume)
+    parallel = args.workers != 1 or args.ray is not None
+    if parallel:  # torchrun's workers, each a slice of every batch (ttlib.data_parallel)
+        from . import data_parallel
+
+        result = data_parallel.train(config, out=args.out, resume=args.resume, workers=args.workers, ray=args.ray,
+                                     max_restarts=args.max_restarts)
+    else:
+        result = train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
+    on = f" on {args.workers} workers" if parallel else ""
     _trained(args, result, f"train loss {last['train_loss']:.3f}, validation loss {last['val_loss']:.3f} at the last "
-             f"step, {result.tokens_per_second:,.0f} tokens/s", result.config)
+             f"step, {result.tokens_per_second:,.0f} tokens/s{on}", result.config)
+    if result.restarts:
+        print(f"a worker died: the workers started again {result.restarts} time(s) from the last checkpoint (the "
+              f"last time from step {result.resumed_from})")
 
 
 def _trained(args, result, losses: str, config) -> None:
@@ -81,6 +95,12 @@ def add_train(sub) -> None:
     p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
     p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
     p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
+    p.add_argument("--workers", type=int, default=1, help="data-parallel worker processes, each a slice of every "
+                   "batch (torchrun; gloo on CPUs, one GPU each with nccl); default 1")
+    p.add_argument("--ray", metavar="ADDRESS", default=None, help="run the --workers on the Ray cluster at ADDRESS "
+                   "(HOST:PORT; --out must be on storage its machines share)")
+    p.add_argument("--max-restarts", dest="max_restarts", type=int, default=3, help="with --workers: how often the "
+                   "workers start again from the last checkpoint when one dies (default 3)")
     explain = {"early_stop": "stop after this many evaluations in a row more than 1%% above the best validation "
                              "loss (default 0: never)",
                "steps": "default: fitted to the dataset's size (said when training starts); --model dt: 1000",

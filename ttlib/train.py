@@ -107,6 +107,8 @@ class TrainResult:
     config: TrainConfig | None = None  # the settings the run had (fitted ones filled in)
     best: dict | None = None  # which evaluation's model was kept (BestModel.summary); None without validation
     last_weights: dict | None = None  # the last step's state dict (on the CPU)
+    restarts: int = 0  # data-parallel runs: how often the workers started again (one had died) ...
+    resumed_from: int | None = None  # ... and the step of the checkpoint the last start went on from (or resume's)
 
 
 
@@ -170,52 +172,86 @@ def window_tokens(data: ttdata.OfflineDataset, tokenizer: TrajectoryTokenizer, n
     return torch.from_numpy(bins.reshape(N, L * td)), torch.from_numpy(mask.reshape(N, L * td).astype(np.float32))
 
 
-def get_batch(bins, mask, batch_size, generator, device):
-    """Random windows -> inputs (B, T-1), targets (B, T-1), target mask (B, T-1)."""
+def get_batch(bins, mask, batch_size, generator, device, shard: tuple[int, int] = (0, 1)):
+    """Random windows -> inputs (B, T-1), targets (B, T-1), target mask (B, T-1). With shard=(rank, world_size),
+    the same batch is drawn and only slice `rank` of `world_size` near-equal slices is kept (ttlib.data_parallel)."""
     index = torch.randint(0, bins.shape[0], (batch_size,), generator=generator)
+    index = index.tensor_split(shard[1])[shard[0]]  # (B / world_size,): this worker's windows of the batch
     x, m = bins[index].to(device), mask[index].to(device)
     return x[:, :-1], x[:, 1:], m[:, 1:]
 
 
+@dataclass
+class Shard:
+    """Which part of every batch a process computes, and how its loss becomes the batch's. One process computes
+    the whole batch (this class); each worker of a data-parallel run computes a slice (ttlib.data_parallel)."""
+    rank: int = 0  # this process's slice of every batch
+    world_size: int = 1  # into how many slices every batch is cut
+    device: torch.device | None = None  # where this process computes (None: the config's device)
+
+    @property
+    def writes(self) -> bool:
+        """Does this process write checkpoints and show progress? (Only one of a run's processes does.)"""
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module, seed: int) -> None:
+        """Called once, with the model built and the run's state loaded, before the first step."""
+
+    def step_loss(self, model, batch) -> tuple[torch.Tensor, float]:
+        """(what to backpropagate, the whole batch's loss) for a training batch of this process."""
+        _, loss = model(*batch)
+        return loss, loss.item()
+
+    def eval_loss(self, model, batch) -> float:
+        """The whole batch's loss, in eval mode and without gradients."""
+        return model(*batch)[1].item()
+
+
 # ---- the loop -----------------------------------------------------------------------------------------------
 @torch.no_grad()
-def validation_loss(model, next_batch, n_batches: int) -> float:
+def validation_loss(model, next_batch, n_batches: int, shard: Shard | None = None) -> float:
     """Mean loss of `model(*next_batch())` over n_batches batches, in eval mode."""
+    shard = shard or Shard()
     model.eval()
-    losses = [model(*next_batch())[1].item() for _ in range(n_batches)]
+    losses = [shard.eval_loss(model, next_batch()) for _ in range(n_batches)]
     model.train()
     return float(np.mean(losses))
 
 
 def train(config: TrainConfig | None = None, out: str | None = None, resume: str | None = None,
-          data: ttdata.OfflineDataset | None = None, progress: bool = True) -> TrainResult:
+          data: ttdata.OfflineDataset | None = None, progress: bool = True, *, dtype: torch.dtype = torch.float32,
+          shard: Shard | None = None) -> TrainResult:
     """Train a TrajectoryGPT. `out`: checkpoint path, written at every evaluation and at the end (with the
     optimiser state, so `resume` can continue exactly where it stopped). Settings left None are fitted to the
-    data (fit_recipe; said when progress is on). Returns the best model, the tokenizer, the history."""
-    config = config or TrainConfig()
-    device = pick_device(config.device)
+    data (fit_recipe; said when progress is on). Returns the best model, the tokenizer, the history.
+    dtype: the model's (float64 for exactness checks); shard: this process's part in a data-parallel run."""
+    config, shard = config or TrainConfig(), shard or Shard()
+    device = shard.device or pick_device(config.device)
     torch.manual_seed(config.seed)
     data, train_data, val_data = load_and_split(config, data, config.gamma, progress)
     config, note = fit_recipe(config, train_data.n_steps)  # a training window starts at every step
     if note and progress:
         print(f"{data.dataset_id}: {note}")
     tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.model.n_bins, config.strategy)
-    model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device)
+    model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device, dtype)
     state, payload = start_training(model, config, resume, kind="trajectory-gpt")
     if payload is not None:
         tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])  # the windows need the saved bins
+    shard.wrap(model, config.seed)
 
     train_bins, train_mask = window_tokens(train_data, tokenizer, config.model.n_transitions)
     val_bins, val_mask = window_tokens(val_data, tokenizer, config.model.n_transitions)
+    part = (shard.rank, shard.world_size)
 
     def next_val_batch():
-        return get_batch(val_bins, val_mask, config.batch_size, state.val_generator, device)
+        return get_batch(val_bins, val_mask, config.batch_size, state.val_generator, device, part)
 
     tokens_per_second = fit(
         model, tokenizer, config, state, dataset_summary(data),
-        lambda: get_batch(train_bins, train_mask, config.batch_size, state.generator, device),
-        next_val_batch if len(val_bins) else None, out=out, kind="trajectory-gpt",
-        tokens_per_step=config.batch_size * (train_bins.shape[1] - 1), progress=progress)
+        lambda: get_batch(train_bins, train_mask, config.batch_size, state.generator, device, part),
+        next_val_batch if len(val_bins) else None, out=out if shard.writes else None, kind="trajectory-gpt",
+        tokens_per_step=config.batch_size * (train_bins.shape[1] - 1), progress=progress and shard.writes,
+        shard=shard)
     last_weights = keep_best(model, state)
     return TrainResult(model, tokenizer, state.history, tokens_per_second, config, state.best_summary(),
                        last_weights)
@@ -273,7 +309,7 @@ def keep_best(model: torch.nn.Module, state: TrainingState) -> dict:
 
 
 def fit(model, tokenizer, config, state: TrainingState, summary: dict, next_batch, next_val_batch, *,
-        out: str | None, kind: str, tokens_per_step: int, progress: bool) -> float:
+        out: str | None, kind: str, tokens_per_step: int, progress: bool, shard: Shard | None = None) -> float:
     """run_loop from `state`, writing a resumable checkpoint to `out` (if given) at every evaluation: the best
     model and the last state. Returns the training throughput in tokens per second."""
     def checkpoint(step):
@@ -283,19 +319,23 @@ def fit(model, tokenizer, config, state: TrainingState, summary: dict, next_batc
                             best=state.best, val_generator=state.val_generator)
 
     return run_loop(model, state.optimizer, config, next_batch, next_val_batch, state.history, start=state.step,
-                    checkpoint=checkpoint, tokens_per_step=tokens_per_step, progress=progress, best=state.best)
+                    checkpoint=checkpoint, tokens_per_step=tokens_per_step, progress=progress, best=state.best,
+                    shard=shard)
 
 
 def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list, *, start: int = 0,
-             checkpoint=None, tokens_per_step: int = 0, progress: bool = True, best: BestModel | None = None) -> float:
+             checkpoint=None, tokens_per_step: int = 0, progress: bool = True, best: BestModel | None = None,
+             shard: Shard | None = None) -> float:
     """The optimisation loop every ttlib model trains with (the Trajectory GPT here, the Decision Transformer in
-    ttlib.dt): `model(*next_batch())` returns (output, loss). Runs steps start .. config.steps-1 with the
+    ttlib.dt): `model(*next_batch())` returns (output, loss) -- through `shard`, which in a data-parallel run
+    turns a worker's slice into its part of the whole batch's loss. Runs steps start .. config.steps-1 with the
     learning-rate schedule and gradient clipping; every `eval_every` steps and at the end it appends a row to
     `history` (validation loss from `next_val_batch`, None without one), shows `best` the evaluation (it keeps a
     copy of the weights if they are the best) and calls `checkpoint(step + 1)`. It warns once when the model
     overfits (`overfitting`), and stops early after `config.early_stop` evaluations in a row behind the best.
     Returns the training throughput in tokens per second."""
     model.train()
+    shard = shard or Shard()
     best = best if best is not None else BestModel()
     warned = False
     t0, tokens_seen, loss_ema = time.perf_counter(), 0, None
@@ -305,8 +345,7 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
         threads.keep_fitting()  # as many torch threads as other programs leave cores free
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        _, loss = model(*next_batch())
-        value = loss.item()
+        loss, value = shard.step_loss(model, next_batch())
         if not math.isfinite(value):  # stop before the step: the last checkpoint stays a good one
             raise TrainingError(f"the training loss became {value} at step {step}: training diverged; the "
                                 "last checkpoint is untouched; lower the learning rate (--lr) or check the data")
@@ -317,7 +356,7 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
         tokens_seen += tokens_per_step
         loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
         if step % config.eval_every == 0 or step == config.steps - 1:
-            val = validation_loss(model, next_val_batch, config.eval_batches) if next_val_batch else None
+            val = validation_loss(model, next_val_batch, config.eval_batches, shard) if next_val_batch else None
             history.append({"step": step, "train_loss": loss_ema, "val_loss": val,
                             "lr": learning_rate(step, config), "seconds": time.perf_counter() - t0})
             if val is not None and best.observe(step, val):
