@@ -147,7 +147,8 @@ def worker_main(run: Run, device_type: str) -> dict | None:
 def join_group(backend: str) -> None:
     """Join the run's process group where torchrun's agent says (MASTER_ADDR, MASTER_PORT), under keys of this
     start of the workers: after a restart the agent's store still holds the last start's addresses, and gloo
-    would try to reach the dead workers at them."""
+    would try to reach the dead workers at them. (The agents start their workers again together, each counting
+    the start: a dead worker's peers fail in their next all-reduce.)"""
     store, rank, world_size = next(dist.rendezvous("env://"))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group(backend, store=dist.PrefixStore(f"ttlib/start-{attempt}", store), rank=rank,
