@@ -17,20 +17,16 @@ import pytest
 import torch
 
 from ttlib import dt
-from ttlib.train import (
-    TIE,
-    BestModel,
+from ttlib.best_model import TIE, BestModel, overfitting
+from ttlib.checkpoints import (
     CheckpointError,
-    TrainConfig,
     checkpoint_weights,
     export_checkpoint,
-    fit_recipe,
     load_checkpoint,
-    overfitting,
     read_checkpoint,
-    train,
     weights_info,
 )
+from ttlib.train import TrainConfig, fit_recipe, train
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = "user/pendulum/mixed-v0"

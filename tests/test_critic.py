@@ -7,22 +7,25 @@ import torch
 
 from ttlib import data as ttdata
 from ttlib.bench import PRESETS, random_model
+from ttlib.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint
 from ttlib.critic import (
     Critic,
     CriticConfig,
     CriticError,
+    add_critic,
     critic_from_payload,
     critic_payload,
     expectile_loss,
+    load_critic,
     q_loss,
     td_target,
     train_critic,
     train_member,
     transitions,
 )
+from ttlib.data import subset
 from ttlib.distributed import pack, unpack_critic
 from ttlib.planning import beam_plan, bin_centers, critic_planner
-from ttlib.train import add_critic, default_checkpoint, load_checkpoint, load_critic, read_checkpoint, subset
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +136,7 @@ def test_bad_critic_settings_are_refused():
 
 def test_a_held_out_td_loss_on_the_episodes_the_model_validated_on(course_data):
     from ttlib.critic import held_out, td_loss
-    from ttlib.train import split_episodes
+    from ttlib.data import split_episodes
 
     config = CriticConfig(steps=1001, members=1, hidden=16, val_fraction=0.05)
     learn, validation = held_out(course_data, config)

@@ -9,8 +9,9 @@ import torch
 
 from ttlib import data as ttdata
 from ttlib import dt
+from ttlib.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
 from ttlib.cli import main
-from ttlib.train import CheckpointError, load_checkpoint, read_checkpoint, split_episodes
+from ttlib.data import split_episodes
 
 ENV = "LunarLanderContinuous-v3"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +139,7 @@ def test_wrong_model_kind_and_sizes_fail_clearly(tmp_path):
         dt.load_checkpoint(os.path.join(ROOT, "assets", "tt_lunarlander.pt"))
     model = tiny_model()
     path = str(tmp_path / "dt.pt")
-    from ttlib.train import save_checkpoint
+    from ttlib.checkpoints import save_checkpoint
 
     save_checkpoint(path, model, None, dataset={}, kind=dt.KIND)
     with pytest.raises(CheckpointError, match="'decision-transformer' model, not a 'trajectory-gpt'"):

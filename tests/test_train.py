@@ -6,16 +6,9 @@ import pytest
 import torch
 
 from ttlib import data as ttdata
+from ttlib.checkpoints import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from ttlib.model import GPTConfig, TrajectoryGPT
-from ttlib.train import (
-    CheckpointError,
-    TrainConfig,
-    learning_rate,
-    load_checkpoint,
-    read_checkpoint,
-    save_checkpoint,
-    train,
-)
+from ttlib.train import TrainConfig, learning_rate, train
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +105,7 @@ def test_unreadable_checkpoints_fail_clearly(tmp_path):
 
 
 def test_the_shipped_checkpoint_loads_and_fits_the_course_dataset():
-    from ttlib.train import default_checkpoint
+    from ttlib.checkpoints import default_checkpoint
 
     path = default_checkpoint()
     assert os.path.getsize(path) < 10 * 2**20
@@ -129,7 +122,9 @@ def test_the_shipped_checkpoint_loads_and_fits_the_course_dataset():
 def test_the_defaults_fitted_to_the_course_data_are_the_shipped_runs_settings(course_data):
     """`ttlib train` with no options trains as the shipped checkpoint was trained: the steps and evaluations fitted
     to the course dataset are the 5400 and 250 it had, and every other setting is unchanged."""
-    from ttlib.train import default_checkpoint, fit_recipe, split_episodes
+    from ttlib.checkpoints import default_checkpoint
+    from ttlib.data import split_episodes
+    from ttlib.train import fit_recipe
 
     train_episodes, _ = split_episodes(course_data, 0.05, 0)
     fitted, note = fit_recipe(TrainConfig(), sum(len(course_data.rewards[i]) for i in train_episodes))

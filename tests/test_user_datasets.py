@@ -21,10 +21,11 @@ from minari.data_collector import EpisodeBuffer
 
 from ttlib import data as ttdata
 from ttlib import dt, rollout
+from ttlib.checkpoints import save_checkpoint
 from ttlib.cli import main
 from ttlib.model import GPTConfig, TrajectoryGPT
 from ttlib.tokenizer import TrajectoryTokenizer
-from ttlib.train import TrainConfig, run_loop, save_checkpoint, train
+from ttlib.train import TrainConfig, run_loop, train
 
 TINY_TT = ["--steps", "3", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-transitions", "2",
            "--batch-size", "4", "--eval-every", "3", "--eval-batches", "1", "--n-bins", "10"]

@@ -31,7 +31,7 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
     `sequential_episodes`: play only the first k episodes one by one (default: all), for when all of them would
     take too long; the speedup then compares the time per episode."""
     from .rollout import evaluate
-    from .train import default_checkpoint, load_checkpoint
+    from .checkpoints import default_checkpoint, load_checkpoint
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -95,7 +95,7 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
     from .distributed import LocalWorker, RayEvaluator, connect
     from .planning import course_planner
     from .rollout import EpisodeBatch, evaluate
-    from .train import default_checkpoint, load_checkpoint
+    from .checkpoints import default_checkpoint, load_checkpoint
 
     model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device="cpu")
     info = payload["dataset"]

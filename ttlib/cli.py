@@ -74,6 +74,10 @@ def _cmd_bench(args):
     elif args.which == "distributed":
         out = bench_runs.bench_distributed(workers=tuple(args.workers), episodes=args.episodes,
                                            max_steps=args.max_steps)
+    elif args.which == "data-parallel":  # training tokens/s on 1 and more worker processes, CPU and GPUs
+        from . import data_parallel
+
+        out = data_parallel.bench(workers=tuple(args.workers))
     else:
         out = bench_runs.bench_training(args.preset if args.preset != "halfcheetah" else "lunarlander",
                                    device=args.device)
@@ -127,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
-    p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training", "distributed"])
+    p.add_argument("which", choices=["decoding", "planning", "profile", "rollouts", "training", "distributed",
+                                     "data-parallel"])
     p.add_argument("--preset", default="halfcheetah", choices=["halfcheetah", "lunarlander", "tiny"])
     p.add_argument("--batch", type=int, default=1, help="environments planned at once")
     p.add_argument("--repeats", type=int, default=None, help="timed runs, median reported (default: 5; "
@@ -135,7 +140,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--uncached-repeats", type=int, default=1)
     p.add_argument("--episodes", type=int, default=25)
     p.add_argument("--max-steps", type=int, default=50)
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="distributed: Ray worker counts")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="distributed: Ray worker counts; "
+                   "data-parallel: training worker processes")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--faster-tt", default=None, metavar="DIR", help="planning: also time faster-TT's "
@@ -153,8 +159,8 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
+    from .checkpoints import CheckpointError
     from .ray_cluster import DistributedError
-    from .train import CheckpointError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's

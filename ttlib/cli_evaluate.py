@@ -10,14 +10,14 @@ from .cli_train import which_arg
 
 
 def _weights_words(info: dict) -> str:
-    """"the best model, step 500" -- which of a checkpoint's models was loaded (ttlib.train.weights_info)."""
+    """"the best model, step 500" -- which of a checkpoint's models was loaded (ttlib.checkpoints.weights_info)."""
     step = f", step {info['step']}" if info.get("step") is not None else ""
     return f"the {info['which']} model{step}"
 
 
 def _cmd_evaluate_dt(args):
     from . import dt
-    from .train import weights_info
+    from .checkpoints import weights_info
 
     if args.checkpoint is None:
         args.checkpoint = dt.default_checkpoint(dt.COURSE_CHECKPOINT)
@@ -48,7 +48,7 @@ def _cmd_evaluate_dt(args):
 
 def _is_dt(args) -> bool:
     """Evaluate a Decision Transformer? --model says so, else the checkpoint's kind does."""
-    from .train import read_checkpoint
+    from .checkpoints import read_checkpoint
 
     if args.model is not None:
         return args.model == "dt"
@@ -112,8 +112,9 @@ def _check_distributed_args(args):
 
 
 def _cmd_evaluate(args):
+    from .checkpoints import default_checkpoint, load_checkpoint, weights_info
+    from .critic import load_critic
     from .rollout import check_episodes, evaluate, save_video
-    from .train import default_checkpoint, load_checkpoint, load_critic, weights_info
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
     if _is_dt(args):

@@ -7,21 +7,36 @@ def _cmd_train(args):
     from .train import TrainConfig, train
 
     if args.model == "dt":
+        if args.workers != 1 or args.ray is not None:
+            raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
+                             "process (leave them out with --model dt)")
         return _cmd_train_dt(args)
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
         raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = _given_settings(args, TrainConfig)
     config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
-    result = train(config, out=args.out, resume=args.resume)
+    parallel = args.workers != 1 or args.ray is not None
+    if parallel:  # torchrun's workers, each a slice of every batch (ttlib.data_parallel)
+        from . import data_parallel
+
+        result = data_parallel.train(config, out=args.out, resume=args.resume, workers=args.workers, ray=args.ray,
+                                     max_restarts=args.max_restarts)
+    else:
+        result = train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
+    on = f" on {args.workers} workers" if parallel else ""
     _trained(args, result, f"train loss {last['train_loss']:.3f}, validation loss {last['val_loss']:.3f} at the last "
-             f"step, {result.tokens_per_second:,.0f} tokens/s", result.config)
+             f"step, {result.tokens_per_second:,.0f} tokens/s{on}", result.config)
+    if result.restarts:
+        print(f"a worker died: the workers started again {result.restarts} time(s) from the last checkpoint (the "
+              f"last time from step {result.resumed_from})")
 
 
 def _trained(args, result, losses: str, config) -> None:
     """Say how training went (how far, the last losses, the model kept, overfitting), and write the slim copy
     --export asks for."""
-    from .train import best_line, export_checkpoint, overfitting
+    from .best_model import best_line, overfitting
+    from .checkpoints import export_checkpoint
 
     history = result.history
     ran = history[-1]["step"] + 1
@@ -40,7 +55,7 @@ def _resumed_config(args, config_class, kind: str) -> dict:
     is refused by the training's check_resume, naming it), so no flag has to be repeated."""
     if args.resume is None:
         return {}
-    from .train import read_checkpoint
+    from .checkpoints import read_checkpoint
 
     saved = read_checkpoint(args.resume, kind=kind).get("train_config")
     return config_class.from_settings(saved).settings() if saved else {}
@@ -80,6 +95,12 @@ def add_train(sub) -> None:
     p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
     p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
     p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
+    p.add_argument("--workers", type=int, default=1, help="data-parallel worker processes, each a slice of every "
+                   "batch (torchrun; gloo on CPUs, one GPU each with nccl); default 1")
+    p.add_argument("--ray", metavar="ADDRESS", default=None, help="run the --workers on the Ray cluster at ADDRESS "
+                   "(HOST:PORT; --out must be on storage its machines share)")
+    p.add_argument("--max-restarts", dest="max_restarts", type=int, default=3, help="with --workers: how often the "
+                   "workers start again from the last checkpoint when one dies (default 3)")
     explain = {"early_stop": "stop after this many evaluations in a row more than 1%% above the best validation "
                              "loss (default 0: never)",
                "steps": "default: fitted to the dataset's size (said when training starts); --model dt: 1000",
@@ -113,8 +134,7 @@ def add_train_critic(sub) -> None:
 def _cmd_train_critic(args):
     import time
 
-    from .critic import CriticConfig
-    from .train import add_critic
+    from .critic import CriticConfig, add_critic
 
     config = CriticConfig(expectile=args.expectile, steps=args.steps, members=args.members,  # gamma: the checkpoint's
                           batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
@@ -138,7 +158,7 @@ def where_to_resume(args) -> str:
     """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
     if args.command != "train":
         return ""
-    from .train import CheckpointError, read_checkpoint
+    from .checkpoints import CheckpointError, read_checkpoint
 
     try:
         step = read_checkpoint(args.out, kind=None)["step"]

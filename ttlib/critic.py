@@ -15,19 +15,22 @@ why the planner still samples actions from the Trajectory Transformer, and the c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-if TYPE_CHECKING:
-    from . import data as ttdata
+from . import data as ttdata
+from .checkpoints import CheckpointError, load_weights, pick_device, read_checkpoint
+from .data import split_episodes, subset
+from .files import atomic_path
 
 __all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_loss", "td_target", "value_loss",
-           "q_loss", "train_critic", "transitions", "critic_payload", "critic_from_payload"]
+           "q_loss", "train_critic", "transitions", "critic_payload", "critic_from_payload", "load_critic",
+           "add_critic"]
 
 
 class CriticError(ValueError):
@@ -163,11 +166,9 @@ def td_loss(critic: CriticMember, batch: dict, gamma: float) -> float:
 
 def held_out(data: ttdata.OfflineDataset, config: CriticConfig) -> tuple[ttdata.OfflineDataset, dict | None]:
     """-> (the episodes to learn from, the transitions of the held-out ones or None). The episodes are split as
-    the Trajectory GPT's are (ttlib.train.split_episodes): with the same seed and share, the same ones."""
+    the Trajectory GPT's are (ttlib.data.split_episodes): with the same seed and share, the same ones."""
     if config.val_fraction == 0:
         return data, None
-    from .train import split_episodes, subset
-
     train_episodes, val_episodes = split_episodes(data, config.val_fraction, config.seed)
     return subset(data, train_episodes), transitions(subset(data, val_episodes))
 
@@ -272,8 +273,6 @@ def critic_payload(critic: Critic, config: CriticConfig | None = None, history: 
 def critic_from_payload(payload: dict, obs_dim: int, act_dim: int, source: str = "checkpoint") -> Critic:
     """The Critic a checkpoint (or a Ray bundle) stores, in the dtype it was stored in, checked against the model's
     observation and action sizes."""
-    from .train import load_weights
-
     if (payload["obs_dim"], payload["act_dim"]) != (obs_dim, act_dim):
         raise CriticError(f"the critic in {source} is for obs {payload['obs_dim']} / act {payload['act_dim']}, "
                           f"the model for obs {obs_dim} / act {act_dim}")
@@ -281,3 +280,32 @@ def critic_from_payload(payload: dict, obs_dim: int, act_dim: int, source: str =
     critic = Critic(obs_dim, act_dim, payload["hidden"], payload["members"]).to(dtype)
     load_weights(critic, payload["state"], source=f"the critic in {source}")
     return critic.eval()
+
+
+# ---- a critic in a Trajectory Transformer's checkpoint ---------------------------------------------------
+def load_critic(path: str, device: str = "auto", payload: dict | None = None):
+    """The Q critic a Trajectory Transformer checkpoint carries (`ttlib train-critic`), or None if it has none.
+    payload: the checkpoint's, when it has been read already (`load_checkpoint` returns it)."""
+    payload = payload if payload is not None else read_checkpoint(path)
+    if payload.get("critic") is None:
+        return None
+    info = payload["dataset"]
+    return critic_from_payload(payload["critic"], info["obs_dim"], info["act_dim"], path).to(pick_device(device))
+
+
+def add_critic(path: str, config=None, out: str | None = None, progress: bool = True):
+    """Train a Q critic (`critic.train_critic`) on the dataset a Trajectory Transformer checkpoint was trained on,
+    and write the checkpoint again with it (to `out`, default: in place, atomically). The critic discounts as the
+    checkpoint's value targets do (its dataset's gamma), whatever `config` says. -> (critic, history)."""
+    payload = read_checkpoint(path)
+    info = payload["dataset"]
+    config = dataclasses.replace(config or CriticConfig(), gamma=info["gamma"])
+    data = ttdata.load(info["id"], gamma=info["gamma"], progress=progress)
+    if (data.obs_dim, data.act_dim) != (info["obs_dim"], info["act_dim"]):
+        raise CheckpointError(f"dataset {info['id']} has obs {data.obs_dim} / act {data.act_dim} but {path} was "
+                              f"trained for obs {info['obs_dim']} / act {info['act_dim']}")
+    critic, history = train_critic(data, config, progress=progress)
+    payload["critic"] = critic_payload(critic, config, history)
+    with atomic_path(out or path) as tmp:
+        torch.save(payload, tmp)
+    return critic, history

@@ -16,6 +16,7 @@ from Minari's folder or downloaded (ttlib.minari_io). Both live in their own mod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,7 @@ from .datasets_build import build, buildable
 from .minari_io import DEFAULT_DATASET, HALFCHEETAH_DATASET, DatasetError, list_broken, list_local
 
 __all__ = ["DEFAULT_DATASET", "HALFCHEETAH_DATASET", "DatasetError", "OfflineDataset", "build", "buildable",
-           "discounted_values", "list_broken", "list_local", "load", "make_windows"]
+           "discounted_values", "list_broken", "list_local", "load", "make_windows", "split_episodes", "subset"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -171,6 +172,27 @@ def load(
         minari_io.download(dataset_id)
     episodes = minari_io.read_episodes(dataset_id, path)
     return OfflineDataset(**episodes, gamma=gamma, values=[discounted_values(r, gamma) for r in episodes["rewards"]])
+
+
+# --------------------------------------------------------------------------------------------------
+# held-out episodes
+
+
+def split_episodes(data: OfflineDataset, val_fraction: float, seed: int):
+    """Indices of training and validation episodes (at least one of each when there are two or more)."""
+    order = np.random.default_rng(seed).permutation(data.n_episodes)
+    n_val = min(max(1, round(val_fraction * data.n_episodes)), data.n_episodes - 1) if data.n_episodes > 1 else 0
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def subset(data: OfflineDataset, episodes) -> OfflineDataset:
+    """The same dataset restricted to some episodes."""
+    pick = [int(i) for i in episodes]
+    per_episode = {f.name: [getattr(data, f.name)[i] for i in pick] for f in dataclasses.fields(data)
+                   if f.name in ("observations", "actions", "rewards", "terminations", "truncations", "values")}
+    behaviour = [data.behaviour[i] for i in pick] if data.behaviour is not None else None
+    return OfflineDataset(**{**{f.name: getattr(data, f.name) for f in dataclasses.fields(data)}, **per_episode,
+                                    "behaviour": behaviour})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def pack(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, critic: Critic | 
 
 def unpack(bundle: dict, device: str = "cpu"):
     """-> (model in eval mode, tokenizer), exactly the packed ones."""
-    from .train import load_weights
+    from .checkpoints import load_weights
 
     model = TrajectoryGPT(GPTConfig(**bundle["config"])).to(getattr(torch, bundle["dtype"]))
     load_weights(model, bundle["state"], source="the object store")

@@ -40,22 +40,18 @@ from torch import nn
 from . import data as ttdata
 from . import threads, validate
 from .attention import KVCache
-from .model import Block, TrajectoryGPT, check_dims
-from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
-from .train import (
+from .checkpoints import (
     CheckpointError,
-    RunConfig,
     checkpoint_weights,
     dataset_summary,
     default_checkpoint,
-    fit,
-    keep_best,
-    load_and_split,
     load_weights,
     pick_device,
     read_checkpoint,
-    start_training,
 )
+from .model import Block, TrajectoryGPT, check_dims
+from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, check_env, check_episodes, play_in_waves
+from .train import RunConfig, fit, keep_best, load_and_split, start_training
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
 COURSE_CHECKPOINT = "dt_lunarlander.pt"  # the shipped Decision Transformer for the course dataset
@@ -232,7 +228,7 @@ class DTTrainConfig(RunConfig):
 
 @dataclass
 class DTTrainResult:
-    model: DecisionTransformer  # with the best evaluation's weights (the checkpoint's model; ttlib.train.BestModel)
+    model: DecisionTransformer  # with the best evaluation's weights (the checkpoint's model; best_model.BestModel)
     history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss", "lr", "seconds"}
     tokens_per_second: float = 0.0  # training throughput (tokens processed per second)
     seconds: float = 0.0  # wall-clock training time
@@ -268,7 +264,7 @@ def train(config: DTTrainConfig | None = None, out: str | None = None, resume: s
 
 def load_checkpoint(path: str | None = None, device: str = "auto", which: str = "best"):
     """-> (model in eval mode, payload). Without a path: the shipped course checkpoint. which: "best" (the best
-    evaluation's model) or "last" (the last step's; see ttlib.train.checkpoint_weights)."""
+    evaluation's model) or "last" (the last step's; see ttlib.checkpoints.checkpoint_weights)."""
     path = path or default_checkpoint(COURSE_CHECKPOINT)
     payload = read_checkpoint(path, kind=None)
     if payload.get("kind") != KIND:

@@ -188,7 +188,7 @@ def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, 
     vectorized=True steps up to `n_envs` (default: all seeds) environments together and plans for them in one
     batch; False plays the episodes one after another. `max_steps` cuts episodes short (fast demos). `record`
     keeps the first episode's frames (rgb_array) and plans, for videos and plots. `critic`: the Q critic a
-    planner with value="critic" scores with (`critic.Critic`, e.g. `train.load_critic`).
+    planner with value="critic" scores with (`critic.Critic`, e.g. `critic.load_critic`).
     """
     seeds = [int(s) for s in seeds]
     check_episodes(seeds, n_envs, max_steps)

@@ -1,4 +1,4 @@
-"""Wrong answers to notebook 08's exercises (see tests/test_exercises.py for the format)."""
+'''Wrong answers to notebook 08's exercises (see tests/test_exercises.py for the format).'''
 
 REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exercises.refuse)
 
@@ -72,4 +72,31 @@ def split_actions(actions, counts):
      ('prefix = torch.as_tensor(np.concatenate([o["prefix"] for o in observations]), dtype=torch.long)',
       'prefix = np.concatenate([o["prefix"] for o in observations])'),
      "what the merged prefix is: expected torch.Tensor of torch.int64, got numpy.ndarray of int64"),
+    ("08-shards", "the mean of the workers' means", '''def shard_objective(loss_sum, n_real, world_size, all_reduce):
+    mean = loss_sum / n_real.clamp(min=1)
+    batch_loss = mean.detach().clone()
+    all_reduce(batch_loss)
+    return mean, batch_loss / world_size
+''', "every worker backpropagates the mean loss of its own slice"),
+    ("08-shards", "divides by this worker's own count", ("return loss_sum * world_size / batch_real",
+                                                         "return loss_sum * world_size / n_real.clamp(min=1)"),
+     "each worker divides by its own count of real targets"),
+    ("08-shards", "forgets that DDP averages over the workers", ("loss_sum * world_size / batch_real",
+                                                                 "loss_sum / batch_real"),
+     "is not multiplied by world_size"),
+    ("08-shards", "delegates to ttlib's", '''def shard_objective(loss_sum, n_real, world_size, all_reduce):
+    from ttlib import data_parallel
+
+    return data_parallel.shard_objective(loss_sum, n_real, world_size, all_reduce)
+''', REFUSED),
+    # not in the catalogue before
+    ("08-shards", "the objective made of the all-reduced (detached) sum", ("return loss_sum * world_size / batch_real",
+                                                                          "return totals[0] * world_size / batch_real"),
+     "the objective carries no gradient"),
+    ("08-shards", "returns this worker's own mean as the batch's loss", ("totals[0] / batch_real",
+                                                                        "loss_sum.detach() / n_real.clamp(min=1)"),
+     "the batch's loss you return is this worker's own mean"),
+    ("08-shards", "the batch's loss from this worker's sum alone",  # no diagnosis: where it differs
+     ("totals[0] / batch_real", "loss_sum.detach() / batch_real"),
+     "the batch's loss on worker 0 (of 4, slices of [2, 2, 1, 1] windows): 1 of 1 entries differ"),
 ]

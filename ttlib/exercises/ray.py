@@ -1,15 +1,22 @@
-"""Notebook 08's exercises: the episodes' split over workers, and the central planner's merge and split.
+"""Notebook 08's exercises: the episodes' split over workers, the central planner's merge and split, and the
+piece that makes data-parallel workers' slices of a batch add up to the batch's loss.
 
-Both are plain bookkeeping that runs in the driver or in the Planner actor: checking them needs neither Ray nor a
-cluster (nothing here imports Ray or starts one).
+The first two are plain bookkeeping that runs in the driver or in the Planner actor; the third is checked on
+workers simulated by threads of this process, whose all_reduce sums a tensor over them as torch.distributed's
+does. Checking them needs neither Ray nor a cluster nor a process group (nothing here imports Ray or starts one).
 """
 
 from __future__ import annotations
 
+import copy
+import threading
+
 import numpy as np
 import torch
 
+from .. import data_parallel as ttlib_data_parallel
 from .. import distributed as ttlib_distributed
+from ..model import GPTConfig, TrajectoryGPT
 from . import Exercise, Mistake
 
 
@@ -185,4 +192,148 @@ central_batch = Exercise(
     ],
 )
 
-EXERCISES = [episode_split, central_batch]
+# ---- exercise 3: slices that add up -------------------------------------------------------------------------------
+def shards_trial(rng):
+    """A tiny Trajectory GPT in float64 and a batch of windows cut into 2-4 slices, whose windows end in padding
+    after a random number of real targets -- so the slices hold different counts, now and then none at all."""
+    model = TrajectoryGPT(GPTConfig(obs_dim=2, act_dim=1, n_bins=6, n_layer=1, n_head=1, n_embd=8, n_transitions=3,
+                                    dropout=0.0)).double()
+    workers = int(rng.integers(2, 5))
+    sizes = [int(n) for n in rng.integers(1, 4, size=workers)]  # windows per slice
+    T = model.config.block_size
+    bins = torch.as_tensor(rng.integers(0, 6, size=(sum(sizes), T + 1)))
+    real = rng.integers(0, T + 1, size=sum(sizes))  # real targets per window; the rest is padding
+    if rng.random() < 0.3:  # a slice of padding only
+        real[:sizes[0]] = 0
+    real[-1] = max(real[-1], 1)  # the batch has at least one real target
+    mask = torch.as_tensor((np.arange(T)[None, :] < real[:, None]).astype(np.float64))  # (B, T)
+    return model, bins[:, :-1], bins[:, 1:], mask, sizes
+
+
+class SimulatedWorkers:
+    """`world_size` workers as threads of this process; `all_reduce_of(rank)` sums a tensor over them in place, in
+    rank order (every worker gets the same sum), as torch.distributed.all_reduce does over processes."""
+
+    def __init__(self, world_size: int):
+        self.barrier = threading.Barrier(world_size, timeout=20)
+        self.slots: list = [None] * world_size
+
+    def all_reduce_of(self, rank: int):
+        def all_reduce(tensor, *args, **kwargs):
+            self.slots[rank] = tensor.detach().clone()
+            self.barrier.wait()
+            total = self.slots[0].clone()
+            for other in self.slots[1:]:
+                total += other
+            self.barrier.wait()  # every worker has read every slot
+            with torch.no_grad():
+                tensor.copy_(total)
+
+        return all_reduce
+
+    def run(self, work) -> list:
+        """work(rank) in every worker at once -> their results; the first error, raised here (the others stop)."""
+        results, errors = [None] * len(self.slots), [None] * len(self.slots)
+
+        def one(rank):
+            try:
+                results[rank] = work(rank)
+            except BaseException as error:  # noqa: BLE001 (handed to the main thread)
+                errors[rank] = error
+                self.barrier.abort()  # the others stop waiting for this worker
+
+        threads = [threading.Thread(target=one, args=(rank,)) for rank in range(len(self.slots))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
+                     next((e for e in errors if e is not None), None))
+        if first is not None:
+            raise first
+        return results
+
+
+def run_shards(answer, trial):
+    """Every worker computes its slice's loss sum and count (ttlib.data_parallel.shard_sums), calls your
+    shard_objective and backpropagates what it returns; DDP's average of the workers' gradients is compared."""
+    model, inputs, targets, mask, sizes = trial
+    workers = SimulatedWorkers(len(sizes))
+    slices = [slice(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(len(sizes))]
+
+    def work(rank):
+        replica = copy.deepcopy(model)  # every worker's copy of the same model
+        part = slices[rank]
+        _, mean_loss = replica(inputs[part], targets[part], mask[part])
+        loss_sum, n_real = ttlib_data_parallel.shard_sums(mean_loss, mask[part])
+        objective, batch_loss = answer.shard_objective(loss_sum, n_real, len(sizes), workers.all_reduce_of(rank))
+        objective.backward()
+        return torch.as_tensor(batch_loss).detach(), [p.grad.clone() for p in replica.parameters()]
+
+    results = workers.run(work)
+    outputs = {f"the batch's loss on worker {rank} (of {len(sizes)}, slices of {sizes} windows)": loss
+               for rank, (loss, _) in enumerate(results)}
+    averaged = [torch.stack(grads).mean(dim=0) for grads in zip(*(g for _, g in results), strict=True)]
+    outputs["the gradient DDP makes (the workers' gradients averaged), all parameters"] = \
+        torch.cat([g.flatten() for g in averaged])
+    return outputs
+
+
+def _mean_of_means(loss_sum, n_real, world_size, all_reduce):
+    mean = loss_sum / n_real.clamp(min=1)
+    batch_loss = mean.detach().clone()
+    all_reduce(batch_loss)
+    return mean, batch_loss / world_size
+
+
+def _shards_with(scale=lambda world_size: world_size, own_count=False, own_loss=False):
+    """The right idea with one piece changed: how the objective is scaled, whose count divides, whose loss is
+    reported."""
+    def shard_objective(loss_sum, n_real, world_size, all_reduce):
+        totals = torch.stack([loss_sum.detach(), n_real.to(loss_sum.dtype)])
+        all_reduce(totals)
+        count = (n_real if own_count else totals[1]).clamp(min=1)
+        batch_loss = loss_sum.detach() / n_real.clamp(min=1) if own_loss else totals[0] / totals[1].clamp(min=1)
+        return loss_sum * scale(world_size) / count, batch_loss
+
+    return {"shard_objective": shard_objective}
+
+
+def _without_gradient(loss_sum, n_real, world_size, all_reduce):
+    totals = torch.stack([loss_sum.detach(), n_real.to(loss_sum.dtype)])
+    all_reduce(totals)
+    return totals[0] * world_size / totals[1].clamp(min=1), totals[0] / totals[1].clamp(min=1)
+
+
+MEAN_OF_MEANS = ("every worker backpropagates the mean loss of its own slice, so DDP's average is the mean of the "
+                 "workers' means -- not the batch's loss: a target on a slice with few real targets weighs more "
+                 "than one on a full slice. Sum the workers' counts of real targets with all_reduce, and divide "
+                 "each worker's loss_sum by that count of the whole batch.")
+
+slices_add_up = Exercise(
+    id="08-shards", number=3, what="your shard_objective", names=("shard_objective",), trial=shards_trial,
+    run=run_shards, reference={"shard_objective": ttlib_data_parallel.shard_objective},
+    forbid=(ttlib_data_parallel.shard_objective,), trials=5, hidden_trials=10, atol=1e-12, rtol=1e-9,
+    passed="your workers' slices add up to the whole batch: DDP's average of their gradients is the gradient of "
+           "the batch's loss, as one process computes it.",
+    mistakes=[
+        Mistake(MEAN_OF_MEANS, {"shard_objective": _mean_of_means}),
+        Mistake("each worker divides by its own count of real targets, not by the batch's: all_reduce the counts "
+                "and divide by their sum (the batch has as many real targets as all the slices together).",
+                _shards_with(own_count=True)),
+        Mistake("the objective is not multiplied by world_size: DDP averages the workers' gradients (it divides "
+                "their sum by world_size), so this step is world_size times too small.",
+                _shards_with(scale=lambda world_size: 1)),
+        Mistake("the objective is divided by world_size, not multiplied: DDP's average divides by world_size once "
+                "more, so this step is world_size**2 times too small.",
+                _shards_with(scale=lambda world_size: 1 / world_size)),
+        Mistake("the batch's loss you return is this worker's own mean: every worker must return the same loss, "
+                "the sum of all the workers' loss sums over the batch's count of real targets.",
+                _shards_with(own_loss=True)),
+        Mistake("the objective carries no gradient: it is made of the all_reduced copy (detached), so backward has "
+                "nothing to follow. Compute it from loss_sum itself; only the count comes from all_reduce.",
+                {"shard_objective": _without_gradient}),
+    ],
+)
+
+EXERCISES = [episode_split, central_batch, slices_add_up]
