@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from ttlib import data_parallel, distributed
+from ttlib import data_parallel, distributed, ray_training
 from ttlib.checkpoints import read_checkpoint
 from ttlib.cli import main
 from ttlib.data_parallel import random_dataset
@@ -89,7 +89,8 @@ def test_on_a_ray_cluster_the_workers_make_the_parameters_of_one_process(one_pro
         ray_module, started = distributed.connect(num_cpus=2, temp_dir=temp_dir)
         address = ray_module.get_runtime_context().gcs_address
         two = data_parallel.train(TrainConfig.from_settings(EXACT), out=str(tmp_path / "two.pt"), data=data,
-                                  workers=2, ray=address, dtype=torch.float64, progress=False)
+                                  workers=2, launch=ray_training.on_cluster(address), dtype=torch.float64,
+                                  progress=False)
         assert ray.is_initialized() and not ray.util.list_named_actors()
     finally:
         ray.shutdown()

@@ -30,8 +30,8 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
     the weights (faster-TT's headline: preset "halfcheetah", 25 episodes of 1,000 steps in HalfCheetah-v5).
     `sequential_episodes`: play only the first k episodes one by one (default: all), for when all of them would
     take too long; the speedup then compares the time per episode."""
-    from .rollout import evaluate
     from .checkpoints import default_checkpoint, load_checkpoint
+    from .rollout import evaluate
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -92,10 +92,10 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
                       progress: bool = False) -> dict:
     """The same episodes in one process and on K Ray workers, local and central inference: episodes/s, whether
     the returns are identical, and what one call to an actor costs next to an in-process call."""
+    from .checkpoints import default_checkpoint, load_checkpoint
     from .distributed import LocalWorker, RayEvaluator, connect
     from .planning import course_planner
     from .rollout import EpisodeBatch, evaluate
-    from .checkpoints import default_checkpoint, load_checkpoint
 
     model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device="cpu")
     info = payload["dataset"]

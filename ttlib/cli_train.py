@@ -17,9 +17,10 @@ def _cmd_train(args):
     config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
     parallel = args.workers != 1 or args.ray is not None
     if parallel:  # torchrun's workers, each a slice of every batch (ttlib.data_parallel)
-        from . import data_parallel
+        from . import data_parallel, ray_training
 
-        result = data_parallel.train(config, out=args.out, resume=args.resume, workers=args.workers, ray=args.ray,
+        launch = ray_training.on_cluster(args.ray) if args.ray is not None else None
+        result = data_parallel.train(config, out=args.out, resume=args.resume, workers=args.workers, launch=launch,
                                      max_restarts=args.max_restarts)
     else:
         result = train(config, out=args.out, resume=args.resume)

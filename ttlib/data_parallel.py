@@ -17,8 +17,8 @@ process -- a bad input is said here, once -- then hands N worker processes on th
 agent (torch.distributed.launcher, PyTorch's own launcher): gloo on CPUs, nccl on GPUs (one GPU per worker).
 Each worker runs ttlib.train.train as one `Worker` of the run; rank 0 writes the checkpoints (atomically, in the
 usual format) and shows the progress bar. When a worker dies, the agent stops the others and starts them all
-again (up to `max_restarts` times), and they go on from the run's last checkpoint. With `ray=ADDRESS` the same
-workers run on the machines of a Ray cluster (ttlib.ray_training).
+again (up to `max_restarts` times), and they go on from the run's last checkpoint. With
+`launch=ray_training.on_cluster(ADDRESS)` the same workers run on the machines of a Ray cluster (ttlib.ray_training).
 """
 
 from __future__ import annotations
@@ -174,16 +174,16 @@ def file_identity(path: str | None) -> tuple | None:
 
 # ---- launching the workers --------------------------------------------------------------------------------------
 def train(config: TrainConfig | None = None, out: str | None = None, resume: str | None = None,
-          data: ttdata.OfflineDataset | None = None, workers: int = 2, *, ray: str | None = None,
+          data: ttdata.OfflineDataset | None = None, workers: int = 2, *, launch: Callable | None = None,
           max_restarts: int = 3, dtype: torch.dtype = torch.float32, objective: Callable | None = None,
           progress: bool = True) -> TrainResult:
-    """ttlib.train.train on `workers` processes of this machine (or, with `ray`, of the Ray cluster at that
-    address: ttlib.ray_training), each computing a slice of every batch; the same result as one process. A worker
-    that dies makes all of them start again from the last checkpoint at `out`, up to `max_restarts` times.
+    """ttlib.train.train on `workers` processes of this machine (or, with launch=ray_training.on_cluster(ADDRESS),
+    of a Ray cluster), each computing a slice of every batch; the same result as one process. A worker that dies
+    makes all of them start again from the last checkpoint at `out`, up to `max_restarts` times.
     objective: what turns a worker's slice into its part of the batch's loss (default `shard_objective`)."""
     config = config or TrainConfig()
     device_type = pick_device(config.device).type
-    check_workers(workers, config.batch_size, device_type, local=ray is None)
+    check_workers(workers, config.batch_size, device_type, local=launch is None)
     data, train_data, _ = load_and_split(config, data, config.gamma, progress)  # bad data: said here, once
     config, note = fit_recipe(config, train_data.n_steps)
     if note and progress:
@@ -191,10 +191,8 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     if resume is not None:
         check_resume(config, read_checkpoint(resume), resume)
     run = Run(config, data, out, resume, file_identity(out), dtype, portable(objective), progress)
-    if ray is not None:
-        from .ray_training import launch_on_ray
-
-        returned = launch_on_ray(ray, workers, max_restarts, run)
+    if launch is not None:  # elsewhere (ray_training.on_cluster)
+        returned = launch(workers, max_restarts, run)
     else:
         returned = launch_here(workers, max_restarts, (run, device_type))
     summary = next(r for r in returned.values() if r is not None)  # rank 0's

@@ -1,11 +1,11 @@
 """Data-parallel training on a Ray cluster: Ray finds room for the workers, torchrun's agents run them.
 
-`ttlib train --workers N --ray HOST:PORT` (ttlib.data_parallel.train(..., ray=ADDRESS)) joins the cluster -- the
-one notebook 08 and `ttlib evaluate --address` use -- and starts N `Agent` actors wherever it has a GPU (or, without
-GPUs, CPUs) free. Each actor runs torchrun's elastic agent for one worker process, and the agents meet at a
-rendezvous store that the first one hosts (c10d). Everything after the placement is torchrun's, as on one machine:
-the ranks, the process group, and starting all the workers again from the last checkpoint when one dies. Ray does
-what a cluster's scheduler does -- find room, start a process there, stop it again -- and nothing more.
+`ttlib train --workers N --ray HOST:PORT` (ttlib.data_parallel.train(..., launch=on_cluster(ADDRESS))) joins the
+cluster -- the one notebook 08 and `ttlib evaluate --address` use -- and starts N `Agent` actors wherever it has a
+GPU (or, without GPUs, CPUs) free. Each actor runs torchrun's elastic agent for one worker process, and the agents
+meet at a rendezvous store that the first one hosts (c10d). Everything after the placement is torchrun's, as on one
+machine: the ranks, the process group, and starting all the workers again from the last checkpoint when one dies.
+Ray does what a cluster's scheduler does -- find room, start a process there, stop it again -- and nothing more.
 
 The launching process loads the data once; it reaches every worker through Ray's object store. Rank 0 writes the
 checkpoints wherever it runs, and every worker reads the one it resumes from, so --out (and --resume) must be on
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import socket
 import uuid
 
@@ -60,6 +61,11 @@ class Agent:
             return elastic_launch(launch, worker_main)(run, device_type)
         except ChildFailedError as failure:
             return {"failed": failure_message(failure, max_restarts, run.out)}
+
+
+def on_cluster(address: str):
+    """data_parallel.train's `launch` for the Ray cluster at `address`."""
+    return functools.partial(launch_on_ray, address)
 
 
 def launch_on_ray(address: str, workers: int, max_restarts: int, run: Run) -> dict:
