@@ -10,7 +10,7 @@ c.CourseDirectory.course_id = "trajectory-transformer"
 c.CourseDirectory.root = os.path.abspath(os.environ.get("TTLIB_COURSE_DIR")
                                          or os.path.join(os.path.dirname(os.path.abspath(__file__)), "grading"))
 
-# Autograding runs each submission with ttlib.grading.plugins.BoundedExecute in place of nbgrader's Execute (see
+# Autograding runs each submission with ttlib.grading.execute.BoundedExecute in place of nbgrader's Execute (see
 # docs/GRADING.md). The kernel runs the release's setup cells, the answers and the test cells, and only
 # the definitions of every other cell; the hidden tests then run in a process of their own and decide the points; a
 # static scan flags what an instructor should read. Each kernel runs in ttlib.grading.sandbox (Linux; `ttlib grade
@@ -32,7 +32,7 @@ c.BoundedExecute.notebook_timeout = 600
 c.BoundedExecute.memory_limit = 6 * 2**30
 c.BoundedExecute.exercise_cpu = 120
 c.Autograde.autograde_preprocessors = [
-    "ttlib.grading.plugins.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
+    "ttlib.grading.execute.BoundedExecute",  # instead of nbgrader's Execute; the rest is nbgrader's default list
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
