@@ -10,24 +10,22 @@ from __future__ import annotations
 import ast
 import os
 import re
+from dataclasses import dataclass
 
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
-from nbclient.util import run_sync
+from nbclient.util import ensure_async, run_sync
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Float, Integer
+from traitlets import Bool, Float, Integer, List, Unicode
 
 from .nbrun import poll_shell_in_steps
+from .output import OutputCap, mib, reads_as_score
 
 
 # ---- autograde: a bounded, contained run per submission ----------------------------------------------------------
 def _gib(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:.2f} GiB"
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:g} MiB"
 
 
 def error_output(ename: str, evalue: str):
@@ -39,35 +37,7 @@ def _env_number(name: str, default: float) -> float:
     return float(value) if value not in (None, "") else default
 
 
-def _size(content) -> int:
-    """About how much text an output message holds (characters)."""
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, dict):
-        return sum(len(k) + _size(v) for k, v in content.items())
-    if isinstance(content, (list, tuple)):
-        return sum(_size(v) for v in content)
-    return 8
-
-
-def _reads_as_score(output) -> bool:
-    """Whether nbgrader would take this output of a test cell for the cell's score: an execute_result (nbgrader
-    reads the first one as partial credit, before any error after it), or a display of a number."""
-    if output.get("output_type") == "execute_result":
-        return True
-    if output.get("output_type") != "display_data":
-        return False
-    text = output.get("data", {}).get("text/plain", "")
-    text = "".join(text) if isinstance(text, list) else str(text)
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 _WARNED: set[str] = set()  # guarantees already reported missing in this grading run (one warning per run)
-OUTPUT_NOTE = "[ttlib: output over the grading limit ({}): the rest was dropped]\n"
 
 
 def _answer_test_or_setup(cell) -> bool:
@@ -82,6 +52,37 @@ def _definitions(source: str) -> str:
 
     module, _ = definitions(source)
     return ast.unparse(module) if module is not None and module.body else ""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """A grading run's bounds: the configured values, or the environment's overrides (TTLIB_GRADE_...)."""
+    cell_cpu: float  # CPU seconds a cell (CELL_TIMEOUT)
+    notebook_cpu: float  # CPU seconds the whole kernel run (NOTEBOOK_TIMEOUT)
+    exercise_cpu: float  # CPU seconds an exercise's hidden tests (EXERCISE_CPU)
+    memory_bytes: float  # the kernel's tree, and the hidden tests' (MEMORY_GB)
+    cell_idle: float  # idle seconds a cell (CELL_IDLE): on the clock, neither running nor waiting for a CPU
+    notebook_idle: float  # idle seconds in all the kernel's cells (NOTEBOOK_IDLE)
+    exercise_idle: float  # idle seconds an exercise's hidden tests, three times that to start (EXERCISE_IDLE)
+    wall_factor: float  # the last backstop: the clock, this many times the CPU budgets (WALL_FACTOR)
+
+
+def budgets(executor) -> Budgets:
+    """The bounds a BoundedExecute (or one made from a configuration) grades with."""
+    e = executor
+    return Budgets(_env_number("TTLIB_GRADE_CELL_TIMEOUT", e.timeout),
+                   _env_number("TTLIB_GRADE_NOTEBOOK_TIMEOUT", e.notebook_timeout),
+                   _env_number("TTLIB_GRADE_EXERCISE_CPU", e.exercise_cpu),
+                   _env_number("TTLIB_GRADE_MEMORY_GB", e.memory_limit / 2**30) * 2**30,
+                   _env_number("TTLIB_GRADE_CELL_IDLE", e.cell_idle),
+                   _env_number("TTLIB_GRADE_NOTEBOOK_IDLE", e.notebook_idle),
+                   _env_number("TTLIB_GRADE_EXERCISE_IDLE", e.exercise_idle),
+                   _env_number("TTLIB_GRADE_WALL_FACTOR", e.wall_factor))
+
+
+def memory_limit(config) -> float:
+    """Bytes of memory a submission may use under `config` (an nbgrader configuration) and the environment."""
+    return budgets(BoundedExecute(config=config)).memory_bytes
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -99,11 +100,16 @@ class BoundedExecute(Execute):
 
     - time, counted in CPU seconds of the kernel's whole process tree (so a correct submission is not cut short on
       a machine running other work): `timeout` per cell (as in nbgrader) and `notebook_timeout` for the whole
-      notebook, kernel start included; each cell gets at most what is left of the notebook's time. A clock backstop,
-      `wall_factor` times larger, still ends a submission that sleeps. A looping function that later cells call
-      again, or a reply nbclient misses (jupyter/nbclient#312), cannot stretch a submission past these. A cell's
-      last output is awaited `iopub_timeout` s on the clock after the kernel's reply (nbclient's 4 s, which
-      nbgrader makes fatal, cost an honest submission on a busy machine all its points);
+      notebook, kernel start included; each cell gets at most what is left of the notebook's time. A cell over
+      its budget is interrupted; the next cells still run. A looping function that later cells call again, or a
+      reply nbclient misses (jupyter/nbclient#312), cannot stretch a submission past these. A cell's last output is
+      awaited `iopub_timeout` s on the clock after the kernel's reply (nbclient's 4 s, which nbgrader makes fatal,
+      cost an honest submission on a busy machine all its points);
+    - waiting, counted in idle seconds (ttlib.grading.processes: on the clock, no thread of the kernel's tree
+      running or waiting for a CPU -- so a busy machine adds nothing): `cell_idle` a cell and `notebook_idle` in all
+      its cells. A cell that sleeps is interrupted there and no later cell runs (the hidden tests, which decide the
+      points, run anyway); a kernel that ignores the interrupt is given `interrupt_wait` seconds. Where Linux does
+      not report idle time, the last backstop is the clock: `wall_factor` times the CPU budgets;
     - `memory_limit` (bytes): the kernel and every process it started (setsid'd ones included, where the sandbox
       runs); past it the whole tree is killed;
     - output: at most `output_limit` characters per cell and `notebook_output_limit` per notebook are kept (the rest
@@ -126,14 +132,23 @@ class BoundedExecute(Execute):
       afterwards; it writes only there and reads only Python, ttlib and the datasets (Landlock); nothing it starts
       outlives it. Where the system lacks a piece, one warning per grading run says which guarantee does not hold.
 
-    The environment variables TTLIB_GRADE_CELL_TIMEOUT, TTLIB_GRADE_NOTEBOOK_TIMEOUT, TTLIB_GRADE_EXERCISE_CPU (CPU
-    seconds), TTLIB_GRADE_WALL_FACTOR and TTLIB_GRADE_MEMORY_GB override the configured values (handy for one run,
-    and for the tests)."""
+    The environment variables of `Budgets` override the configured values (handy for one run, and for the tests).
+    The grading's own record -- CPU seconds, what stopped -- goes to the notebook's metadata (`ttlib.run`)."""
 
     notebook_timeout = Integer(600, help="CPU seconds a whole submission may use (kernel start included)").tag(
         config=True)
-    wall_factor = Float(5.0, help="the clock's backstop: a cell or notebook may take this many times its CPU "
+    wall_factor = Float(5.0, help="the clock's last backstop: a cell or notebook may take this many times its CPU "
                                   "seconds on the clock").tag(config=True)
+    cell_idle = Float(60.0, help="idle seconds a cell may spend (neither running nor waiting for a CPU: it sleeps, "
+                                 "or waits for what never comes); then it is interrupted and no later cell "
+                                 "runs").tag(config=True)
+    notebook_idle = Float(120.0, help="idle seconds all the kernel's cells together may spend").tag(config=True)
+    exercise_idle = Float(20.0, help="idle seconds the hidden tests of one exercise may spend (three times that to "
+                                     "start)").tag(config=True)
+    interrupt_wait = Float(10.0, help="seconds on the clock a cell interrupted at a budget has to end before its "
+                                      "kernel is given up").tag(config=True)
+    protected_paths = List(Unicode(), help="more folders a submission's sandbox keeps out of reach (`ttlib grade "
+                                           "autograde` adds the instructor's course folder)").tag(config=True)
     memory_limit = Float(6 * 2**30, help="bytes of resident memory the kernel (and its children) may use").tag(
         config=True)
     memory_poll = Float(0.05, help="seconds between two looks at the kernel's memory").tag(config=True)
@@ -168,20 +183,20 @@ class BoundedExecute(Execute):
 
         from . import sandbox
 
-        self._cell_limit = _env_number("TTLIB_GRADE_CELL_TIMEOUT", self.timeout)
-        self._notebook_limit = _env_number("TTLIB_GRADE_NOTEBOOK_TIMEOUT", self.notebook_timeout)
-        self._memory_bytes = _env_number("TTLIB_GRADE_MEMORY_GB", self.memory_limit / 2**30) * 2**30
-        self._wall_factor = _env_number("TTLIB_GRADE_WALL_FACTOR", self.wall_factor)
+        b = self._budgets = budgets(self)
         self._start = time.monotonic()
-        self._wall_deadline = self._start + self._wall_factor * self._notebook_limit
+        self._wall_deadline = self._start + b.wall_factor * b.notebook_cpu
         self._stopped = None  # why the remaining cells are not run (a message), once that happens
-        self._notebook_output = 0
-        self._cell_output, self._cell_noted, self._cell_cpu0 = 0, False, 0.0
+        self._stopping = None  # (kind, why) a cell is being stopped at a budget
+        self._iopub_wait = self.iopub_timeout
+        self._output = OutputCap(self.output_limit, self.notebook_output_limit)
+        self._idle_before = 0.0  # idle seconds of the cells before this one
+        self._cell_cpu0, self._cell_idle0 = 0.0, 0.0
         self._watchdog = None
         self._box_protected = []
         self._box = self._make_sandbox(resources or {}) if self.sandbox else None
         self.timeout_func = self._cell_timeout
-        cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.grading.sandbox').grading.sandbox.limit_kernel_output("
+        cap = (f"--IPKernelApp.exec_lines=__import__('ttlib.grading.output').grading.output.limit_kernel_output("
                f"{self.output_limit}, {self.notebook_output_limit})")  # the kernel drops its excess output itself
         self.extra_arguments = [*(a for a in self.extra_arguments if not a.startswith(cap[:40])), cap]
         sandbox.adopt_orphans()  # the second line: what escapes a sandbox comes to this process, and is ended below
@@ -197,11 +212,15 @@ class BoundedExecute(Execute):
             strays = sandbox.end_orphans(before)
             if strays:
                 self.log.warning("ttlib: %s left %d process(es) behind; they were ended", student, len(strays))
-            self.log.info("ttlib: %s ran in %.1f s of CPU time, %.1f s on the clock (limits: %g CPU s a cell, %g "
-                          "in all, %s of memory)%s", student, self._cpu(), time.monotonic() - self._start,
-                          self._cell_limit, self._notebook_limit, _gib(self._memory_bytes),
-                          f"; {self._stopped}" if self._stopped else "")
-        self._judge(nb, resources or {}, student)
+            self.log.info("ttlib: %s ran in %.1f s of CPU time, %.1f s on the clock, %.1f s idle in its cells (limits: "
+                          "%g CPU s a cell, %g in all, %s of memory)%s", student, self._cpu(),
+                          time.monotonic() - self._start, self._idle_before, b.cell_cpu, b.notebook_cpu,
+                          _gib(b.memory_bytes), f"; {self._stopped}" if self._stopped else "")
+        run = self._judge(nb, resources or {}, student)
+        nb.metadata.setdefault("ttlib", {})["run"] = {
+            "cpu": round(self._cpu(), 2), "seconds": round(time.monotonic() - self._start, 2),
+            "hidden_cpu": round(run.cpu_seconds, 2) if run else 0.0, "hidden_seconds": round(run.seconds, 2) if run
+            else 0.0, "stopped": [f"kernel: {self._stopped}"] * bool(self._stopped) + (run.notes if run else [])}
         return nb, resources
 
     def _released(self, resources) -> str | None:
@@ -218,30 +237,28 @@ class BoundedExecute(Execute):
                 return path
         return None
 
-    def _judge(self, nb, resources, student: str) -> None:
-        """The hidden tests' verdicts on the test cells, and the scan's flags in the notebook's metadata."""
-        from . import hidden_tests, sandbox, scan
+    def _judge(self, nb, resources, student: str):
+        """The scan's flags, and the hidden tests' verdicts on the test cells (ttlib.grading.hidden_tests.judge)."""
+        from . import hidden_tests, sandbox
 
-        nb.metadata.pop("ttlib", None)  # only this run's findings, never what a submission wrote there
-        released = self._released(resources)
+        released, b = self._released(resources), self._budgets
         if released is None:
+            nb.metadata.pop("ttlib", None)
             self.log.warning("ttlib: %s: no released notebook found; the kernel's run decides the scores", student)
-            return
-        flags = [str(f) for f in scan.scan_notebook(nb, nbformat.read(released, as_version=4))]
-        nb.metadata["ttlib"] = {"flags": flags}
+            return None
+        limits = sandbox.Limits(memory_bytes=b.memory_bytes, file_size_bytes=int(self.file_size_limit or
+                                b.memory_bytes), output_bytes=16 * 2**20, threads=self.threads or None)
+        run = hidden_tests.judge(nb, released, limits, self._box_protected, b.exercise_cpu,
+                                 b.exercise_idle if sandbox.capabilities().idle_clock else None, self.hidden_tests)
+        flags = nb.metadata["ttlib"]["flags"]
         if flags:
             self.log.warning("ttlib: %s flagged for review: %s", student, "; ".join(flags))
-        if not (self.hidden_tests and hidden_tests.hidden_exercises(nb)):
-            return
-        limits = sandbox.Limits(memory_bytes=self._memory_bytes, file_size_bytes=int(self.file_size_limit or
-                                self._memory_bytes), output_bytes=16 * 2**20, threads=self.threads or None)
-        run = hidden_tests.run_hidden(nb, released, limits=limits, protected=self._box_protected,
-                                      exercise_cpu=_env_number("TTLIB_GRADE_EXERCISE_CPU", self.exercise_cpu))
-        hidden_tests.apply_verdicts(nb, run.verdicts)
-        failed = [g for g, verdict in run.verdicts.items() if verdict is not None]
-        self.log.info("ttlib: %s's hidden tests: %d of %d passed, %.1f s of CPU time, %.1f s on the clock%s",
-                      student, len(run.verdicts) - len(failed), len(run.verdicts), run.cpu_seconds, run.seconds,
-                      "".join(f"; {note}" for note in run.notes))
+        if run is not None:
+            failed = [g for g, verdict in run.verdicts.items() if verdict is not None]
+            self.log.info("ttlib: %s's hidden tests: %d of %d passed, %.1f s of CPU time, %.1f s on the clock%s",
+                          student, len(run.verdicts) - len(failed), len(run.verdicts), run.cpu_seconds, run.seconds,
+                          "".join(f"; {note}" for note in run.notes))
+        return run
 
     def _make_sandbox(self, resources):
         """A sandbox for this submission's kernel; None (with one warning per run) where the system has none."""
@@ -256,7 +273,7 @@ class BoundedExecute(Execute):
                 self.log.warning("ttlib sandbox: %s (see `ttlib grade doctor`)", missing)
         if not caps.sandboxed:
             return None
-        protected = {os.getcwd(), CourseDirectory(config=self.config).root}
+        protected = {os.getcwd(), CourseDirectory(config=self.config).root, *self.protected_paths}
         path = (resources.get("metadata") or {}).get("path")
         if path:
             protected.add(path)
@@ -265,8 +282,8 @@ class BoundedExecute(Execute):
             protected.add(os.path.dirname(db_url[len("sqlite:///"):]))
         self._box_protected = sorted(protected)
         student = (resources.get("nbgrader") or {}).get("student", "kernel")
-        limits = sandbox.Limits(memory_bytes=self._memory_bytes,
-                                file_size_bytes=int(self.file_size_limit or self._memory_bytes),
+        limits = sandbox.Limits(memory_bytes=self._budgets.memory_bytes,
+                                file_size_bytes=int(self.file_size_limit or self._budgets.memory_bytes),
                                 output_bytes=64 * 2**10, threads=self.threads or None)
         return sandbox.Sandbox(limits, protected=sorted(protected), name=re.sub(r"[^\w.-]", "_", student)[:40],
                                caps=caps)
@@ -293,11 +310,22 @@ class BoundedExecute(Execute):
 
     async def async_start_new_kernel_client(self):
         """The kernel client, its shell channel polled in short steps (`poll_shell_in_steps`); each step also
-        checks the CPU budgets: a cell over its CPU seconds is handled like nbclient's timeout (interrupted,
-        CellTimeoutError)."""
+        checks the budgets: a cell over its CPU or idle seconds is handled like nbclient's timeout (interrupted)."""
         kc = await super().async_start_new_kernel_client()
-        poll_shell_in_steps(kc, give_up=self._over_cpu_budget)
+        poll_shell_in_steps(kc, give_up=self._over_budget)
         return kc
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        """nbclient's timeout, here also a budget's end: interrupt the kernel, and give the cell an error saying why
+        (a kernel that ignores the interrupt is waited for `interrupt_wait` seconds, not nbclient's output wait)."""
+        kind, why = self._stopping or ("clock", f"it ran {timeout} s on the clock, the backstop")
+        self._stopping = (kind, why)
+        self.log.warning("ttlib: a cell was interrupted: %s", why)
+        self.iopub_timeout = max(1, int(self.interrupt_wait))
+        await ensure_async(self.km.interrupt_kernel())
+        message = f"this cell was stopped: {why}"
+        return {"content": {"status": "error", "ename": "CellTimeoutError", "evalue": message,
+                            "traceback": [f"CellTimeoutError: {message}"]}}
 
     # nbclient's blocking versions wrap its own coroutines: wrap ours, or setup_kernel never calls them
     start_new_kernel = run_sync(async_start_new_kernel)
@@ -307,16 +335,28 @@ class BoundedExecute(Execute):
     def _cpu(self) -> float:
         return self._watchdog.usage.cpu_seconds if self._watchdog is not None else 0.0
 
-    def _over_cpu_budget(self) -> bool:
-        cpu = self._cpu()
-        return cpu - self._cell_cpu0 >= self._cell_limit or cpu >= self._notebook_limit
+    def _idle(self) -> float:
+        return self._watchdog.idle if self._watchdog is not None else 0.0
+
+    def _over_budget(self) -> bool:
+        """Whether the running cell is over a budget (then `_stopping` says which, and why)."""
+        b, cpu, idle = self._budgets, self._cpu(), self._idle() - self._cell_idle0
+        ends = [("cpu", cpu - self._cell_cpu0 >= b.cell_cpu, f"it used its {b.cell_cpu:g} CPU seconds (does it "
+                 "loop forever?)"),
+                ("cpu", cpu >= b.notebook_cpu, f"the notebook used its {b.notebook_cpu:g} CPU seconds"),
+                ("idle", idle >= b.cell_idle, f"it waited {b.cell_idle:g} s doing nothing (does it sleep, or wait "
+                 "for something that never comes?)"),
+                ("idle", self._idle_before + idle >= b.notebook_idle, f"the notebook's cells waited "
+                 f"{b.notebook_idle:g} s in all doing nothing")]
+        self._stopping = next(((kind, why) for kind, over, why in ends if over), None)
+        return self._stopping is not None
 
     def _cell_timeout(self, cell) -> int:
-        """nbclient's per-cell timeout: the clock's backstop (the CPU budgets end a cell sooner)."""
+        """nbclient's per-cell timeout: the clock's last backstop (the CPU and idle budgets end a cell sooner)."""
         import time
 
         left = self._wall_deadline - time.monotonic()
-        return max(1, int(min(self._wall_factor * self._cell_limit, left)) + 1)
+        return max(1, int(min(self._budgets.wall_factor * self._budgets.cell_cpu, left)) + 1)
 
     def _start_watchdog(self) -> None:
         from . import sandbox
@@ -336,7 +376,7 @@ class BoundedExecute(Execute):
         if self._box is not None:  # the wrapper's tree: the kernel and everything it started
             self._watchdog = self._box.watch(pid, self.memory_poll, guard=grader_grows)
         else:  # no sandbox: the kernel itself and its children
-            limits = sandbox.Limits(memory_bytes=self._memory_bytes, processes=None)
+            limits = sandbox.Limits(memory_bytes=self._budgets.memory_bytes, processes=None)
             self._watchdog = sandbox.Watchdog(pid, limits, self.memory_poll, include_root=True, guard=grader_grows)
 
     def _not_run(self, cell) -> None:
@@ -345,49 +385,34 @@ class BoundedExecute(Execute):
 
     # -- output, as it arrives
     def process_message(self, msg, cell, cell_index):
-        kind = msg.get("msg_type")
-        if kind == "clear_output":
-            self._cell_output = 0
-        elif kind in ("stream", "display_data", "execute_result", "update_display_data", "error", "comm_open",
-                      "comm_msg"):
-            size = _size(msg.get("content"))
-            self._cell_output += size
-            self._notebook_output += size
-            slack = 64 * 2**10  # the kernel drops its own excess first, with its note: this is the second line
-            limit = None
-            if self._cell_output > self.output_limit + slack:
-                limit = f"{_mib(self.output_limit)} a cell"
-            elif self._notebook_output > self.notebook_output_limit + slack:
-                limit = f"{_mib(self.notebook_output_limit)} a notebook"
-            if limit is not None:
-                if kind == "error":  # an error keeps its name and message: it decides the cell's score
-                    content = msg["content"]
-                    content["evalue"] = str(content.get("evalue", ""))[:1000]
-                    content["traceback"] = list(content.get("traceback", []))[-1:]
-                    content["traceback"] = [line[:1000] for line in content["traceback"]]
-                else:
-                    if not self._cell_noted:
-                        self._cell_noted = True
-                        cell.outputs.append(nbformat.v4.new_output("stream", name="stdout",
-                                                                   text=OUTPUT_NOTE.format(limit)))
-                    return None
+        if not self._output.admit(msg, cell):
+            return None
         return super().process_message(msg, cell, cell_index)
 
-    def preprocess_cell(self, cell, resources, index):
+    def _why_not_go_on(self) -> str | None:
+        """Why no more cells run, once the whole notebook is over a budget."""
         import time
 
+        b = self._budgets
+        if self._cpu() >= b.notebook_cpu:
+            return f"the notebook used up its {b.notebook_cpu:g} CPU seconds for grading (a cell above ran too long)"
+        if self._idle_before >= b.notebook_idle:
+            return f"the notebook's cells waited {b.notebook_idle:g} s in all doing nothing"
+        if time.monotonic() >= self._wall_deadline:
+            return (f"the notebook used up its {b.wall_factor * b.notebook_cpu:g} s on the clock for grading (a "
+                    "cell above waited too long)")
+        return None
+
+    def preprocess_cell(self, cell, resources, index):
         if self._stopped is None and cell.cell_type == "code" and cell.source.strip():
-            if self._cpu() >= self._notebook_limit:
-                self._stopped = (f"the notebook used up its {self._notebook_limit:g} CPU seconds for grading (a cell "
-                                 "above ran too long)")
-            elif time.monotonic() >= self._wall_deadline:
-                self._stopped = (f"the notebook used up its {self._wall_factor * self._notebook_limit:g} s on the "
-                                 "clock for grading (a cell above waited too long)")
+            self._stopped = self._why_not_go_on()
         if self._stopped is not None:
             self._not_run(cell)
             return cell, self.resources
         self._start_watchdog()
-        self._cell_output, self._cell_noted, self._cell_cpu0 = 0, False, self._cpu()
+        self._output.new_cell()
+        self._cell_cpu0, self._cell_idle0 = self._cpu(), self._idle()
+        self._stopping, self.iopub_timeout = None, self._iopub_wait
         source = cell.source
         if not (self.run_demos or _answer_test_or_setup(cell)):
             cell.source = _definitions(source)
@@ -397,37 +422,47 @@ class BoundedExecute(Execute):
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
-            dog = self._watchdog
-            if dog is not None and dog.stopped == "memory":
-                why = (f"it used {_gib(dog.over)} of memory, more than the {_gib(self._memory_bytes)} "
-                       "allowed, and was stopped")
-            elif dog is not None and dog.stopped == "grader memory":
-                why = (f"its output grew the grading process by more than {_mib(self.grader_memory_limit)}, and "
-                       "it was stopped")
-            elif dog is not None and dog.stopped == "processes":
-                why = f"it started more than {self._box.limits.processes} processes at once, and was stopped"
-            else:
-                why = "it crashed"
-            self._stopped = f"the kernel died while running an earlier cell ({why})"
-            cell.outputs = [error_output("KernelDied", f"the kernel died while running this cell: {why}. The cells "
-                                                 "after it were not run.")]
+            self._stopped = f"the kernel died while running an earlier cell ({self._why_dead()})"
+            cell.outputs = [error_output("KernelDied", f"the kernel died while running this cell: "
+                                                       f"{self._why_dead()}. The cells after it were not run.")]
             return cell, self.resources
-        except CellTimeoutError as e:  # nbclient gave up waiting for the kernel's reply or output after a timeout
-            if "IOPub" in str(e):
-                why = (f"the kernel's output did not arrive within {self.iopub_timeout} s of its reply (a machine "
-                       "too busy, or output still pouring out)")
-                self._stopped = f"after an earlier cell, {why}"
-            else:
-                why = str(e).splitlines()[0] if str(e) else "timeout"
-                self._stopped = "the kernel stopped answering after a cell ran too long"
+        except CellTimeoutError as e:  # nbclient gave up waiting for the kernel's output (after a timeout)
+            why, self._stopped = self._why_no_output(e)
             cell.outputs = [error_output("CellTimeoutError", why)]
             return cell, self.resources
         finally:
             cell.source = source
+            self._idle_before += self._idle() - self._cell_idle0
+        if self._stopping is not None and self._stopping[0] != "cpu":  # it waited: so would the next cells
+            self._stopped = f"an earlier cell was stopped: {self._stopping[1]}"
         if self.strip_score_outputs and cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
-            kept = [o for o in cell.outputs if not _reads_as_score(o)]
+            kept = [o for o in cell.outputs if not reads_as_score(o)]
             if len(kept) < len(cell.outputs):
                 self.log.warning("ttlib: test cell %s had output nbgrader would read as its score; removed",
                                  cell.metadata["nbgrader"].get("grade_id"))
                 cell.outputs = kept
         return cell, resources
+
+    def _why_dead(self) -> str:
+        dog = self._watchdog
+        if dog is not None and dog.stopped == "memory":
+            return f"it used {_gib(dog.over)} of memory, more than the {_gib(self._budgets.memory_bytes)} allowed, " \
+                   "and was stopped"
+        if dog is not None and dog.stopped == "grader memory":
+            return f"its output grew the grading process by more than {mib(self.grader_memory_limit)}, and it " \
+                   "was stopped"
+        if dog is not None and dog.stopped == "processes":
+            return f"it started more than {self._box.limits.processes} processes at once, and was stopped"
+        return "it crashed"
+
+    def _why_no_output(self, error) -> tuple[str, str]:
+        """(the cell's error message, why no later cell runs) when nbclient stopped waiting for a cell."""
+        if self._stopping is not None:  # interrupted at a budget, and still busy after `interrupt_wait` s
+            why = f"{self._stopping[1]}; it did not stop when interrupted"
+            return why, f"an earlier cell was stopped: {why}"
+        if "IOPub" in str(error):
+            why = (f"the kernel's output did not arrive within {self.iopub_timeout} s of its reply (a machine too "
+                   "busy, or output still pouring out)")
+            return why, f"after an earlier cell, {why}"
+        why = str(error).splitlines()[0] if str(error) else "timeout"
+        return why, "the kernel stopped answering after a cell ran too long"

@@ -40,6 +40,8 @@ FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL
 READ_RIGHTS = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
 
 _libc = ctypes.CDLL(None, use_errno=True) if LINUX else None
+# schedstat: how long each thread ran and waited for a CPU (ttlib.grading.processes counts idle time with it)
+IDLE_CLOCK = LINUX and os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
 
 
 def _fs_rights(abi: int) -> int:
@@ -137,6 +139,7 @@ class Capabilities:
     landlock_abi: int  # 0: no Landlock (files are not protected)
     subreaper: bool  # prctl(PR_SET_CHILD_SUBREAPER): descendants started with setsid stay in the tree
     namespaces: bool  # unprivileged user + PID + mount namespaces work
+    idle_clock: bool = False  # /proc/PID/task/TID/schedstat: time spent waiting for a CPU is told from idle time
 
     @property
     def sandboxed(self) -> bool:
@@ -159,6 +162,9 @@ class Capabilities:
         if self.namespaces:
             out.append("a PID namespace of its own: when its first process ends, the kernel ends every other one; "
                        "/proc shows only its own processes and /dev/shm is private")
+        if self.idle_clock:
+            out.append("a submission that only sleeps or waits is stopped after minutes: its clock backstops count "
+                       "idle seconds, never the time it waits for a CPU, so a busy machine costs an honest one nothing")
         if self.sandboxed:
             out.append("files it writes are capped in size; no core dumps; stdin is /dev/null and its output is "
                        "capped")
@@ -183,12 +189,16 @@ class Capabilities:
             out.append("no unprivileged user namespaces: the sandbox has no PID namespace of its own, so ending "
                        "its processes relies on the wrapper and the grader finding them (still every one they can "
                        "see); /dev/shm is shared with your other processes")
+        if not self.idle_clock:
+            out.append("no /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO): idle time cannot be told from time "
+                       "spent waiting for a CPU, so a submission that only sleeps holds its grading job until the "
+                       "clock backstops of 5 times its CPU budgets")
         return out
 
     def report(self) -> str:
         lines = [f"ttlib sandbox on {self.platform} {self.kernel}: Landlock ABI {self.landlock_abi or 'none'}, "
                  f"subreaper {'yes' if self.subreaper else 'no'}, user namespaces "
-                 f"{'yes' if self.namespaces else 'no'}"]
+                 f"{'yes' if self.namespaces else 'no'}, idle clock {'yes' if self.idle_clock else 'no'}"]
         lines += [f"  holds: {h}" for h in self.holds()]
         lines += [f"  DOES NOT HOLD: {m}" for m in self.missing()]
         return "\n".join(lines)
@@ -202,7 +212,7 @@ def capabilities() -> Capabilities:
     key = os.environ.get("TTLIB_SANDBOX_DISABLE", "")
     if key not in _CAPABILITIES:
         _CAPABILITIES[key] = Capabilities(sys.platform, os.uname().release if hasattr(os, "uname") else "",
-                                          landlock_abi(), _subreaper_works(), _namespaces_work())
+                                          landlock_abi(), _subreaper_works(), _namespaces_work(), IDLE_CLOCK)
     return _CAPABILITIES[key]
 
 

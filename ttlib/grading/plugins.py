@@ -27,13 +27,16 @@ class SaveAutoGrades(_SaveAutoGrades):
     traceback, delete the submission's autograded notebook and leave its grades half written. Here every test cell
     of that submission gets an error saying why (0 points), the grades are recorded again, and the autograded
     notebook and feedback say so; the other submissions are graded as usual. A failure of the gradebook itself (a
-    database error) is no submission's doing: it still stops the run, as in nbgrader."""
+    database error) is no submission's doing: it still stops the run, as in nbgrader.
+
+    A notebook's grades are recorded in one transaction (nbgrader commits after each cell): a grading process that
+    dies while it books a submission leaves that submission's grades as they were, never half written."""
 
     def preprocess(self, nb, resources):
         from sqlalchemy.exc import SQLAlchemyError
 
         try:
-            return super().preprocess(nb, resources)
+            return self._record(nb, resources)
         except SQLAlchemyError:  # the gradebook itself (locked, out of date): nbgrader stops the run, rightly
             raise
         except Exception as e:
@@ -46,7 +49,24 @@ class SaveAutoGrades(_SaveAutoGrades):
                     cell.outputs = [error_output("GradingFailed", f"nbgrader could not grade this submission "
                                                                   f"({reason}); every test scores 0. Ask your "
                                                                   "instructor to look at it.")]
-            return super().preprocess(nb, resources)
+            return self._record(nb, resources)
+
+    def _record(self, nb, resources):
+        """What nbgrader's SaveAutoGrades.preprocess does (its steps for each cell), with one commit at the end."""
+        from nbgrader.api import Gradebook
+
+        info = resources["nbgrader"]
+        self.notebook_id, self.assignment_id = info["notebook"], info["assignment"]
+        self.student_id, self.db_url = info["student"], info["db_url"]
+        with Gradebook(self.db_url) as self.gradebook:
+            session = self.gradebook.db
+            session.commit = session.flush  # nbgrader's commit after each cell: written, not yet committed
+            try:
+                nb, resources = _Preprocessor.preprocess(self, nb, resources)  # the cells, one by one
+            finally:
+                del session.commit
+            session.commit()
+        return nb, resources
 
 
 # ---- autograde's log: say "edited" only when a student edited a test cell ----------------------------------------

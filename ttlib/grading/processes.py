@@ -7,8 +7,13 @@ limits. The grader's side of the sandbox: it reads /proc, it never runs inside o
                                        submission every child it did not have before (orphans that escaped)
     Limits(...)                        memory (bytes, over the whole tree), CPU seconds (the whole tree, reaped
                                        children included), wall seconds, file size, output, processes
-    Watchdog(pid, limits)              a thread over the tree of `pid`: usage, peak memory; kills the whole tree
-                                       past a limit and says which (.stopped)
+    Watchdog(pid, limits)              a thread over the tree of `pid`: usage, peak memory, idle seconds; kills
+                                       the whole tree past a limit and says which (.stopped)
+
+Idle seconds are the clock's seconds in which no thread of the tree ran or waited for a CPU: what a process that
+sleeps, or waits for something that never comes, spends -- and what a busy machine does not add to (time spent
+waiting for a CPU is not idle). They are read from /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO, on in common
+kernels); where that is missing, `IDLE_CLOCK` is False and nothing is counted idle.
 
 Processes are found through /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN), or by reading every
 /proc/PID/stat without it; elsewhere than Linux, through psutil.
@@ -22,7 +27,7 @@ import signal
 import threading
 import time
 
-from .linux import LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
+from .linux import IDLE_CLOCK, LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
 
 
 # ---- a process tree: what it uses, and ending it ------------------------------------------------------------------
@@ -131,6 +136,25 @@ def tree_usage(pid: int, include_root: bool = False) -> Usage | None:
     return Usage(ticks / _TICK, pages * _PAGE, n)
 
 
+def busy_threads(pids) -> dict[int, float]:
+    """{thread id: seconds it ran or waited for a CPU since it started} of every thread of `pids` (schedstat's first
+    two fields)."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    ran, waited = f.read().split()[:2]
+                out[int(tid)] = (int(ran) + int(waited)) / 1e9
+            except (OSError, ValueError):
+                pass
+    return out
+
+
 def _alive(pid: int) -> bool:
     fields = _stat(pid) if LINUX else None
     if LINUX:
@@ -229,6 +253,7 @@ class Limits:
     memory_bytes: float | None = 6 * 2**30  # resident memory of the whole tree; past it the tree is killed
     cpu_seconds: float | None = None  # CPU time of the whole tree (reaped children included); None: no limit
     wall_seconds: float | None = None  # seconds on the clock; None: no limit
+    idle_seconds: float | None = None  # idle seconds of the tree (sleeping, blocked; see the docstring); None: none
     file_size_bytes: int = 2**30  # the largest file a process may write (RLIMIT_FSIZE)
     output_bytes: int = 2**20  # stdout and stderr each: what the wrapper forwards (run() keeps)
     processes: int | None = 1024  # live processes in the tree; past it the tree is killed (a fork bomb)
@@ -238,8 +263,9 @@ class Limits:
 @dataclasses.dataclass
 class Watchdog:
     """A thread that looks at the tree below `pid` every `poll` seconds: `usage` is the latest look, `peak_memory`
-    the most memory seen; past a limit it kills the whole tree and `stopped` says which limit ("memory", "cpu
-    time", "wall time", "processes")."""
+    the most memory seen, `idle` the idle seconds so far (see the module's docstring; updated every `idle_every`
+    seconds); past a limit it kills the whole tree and `stopped` says which limit ("memory", "cpu time", "wall time",
+    "idle", "processes")."""
 
     pid: int
     limits: Limits
@@ -250,11 +276,15 @@ class Watchdog:
     peak_memory: int = 0
     stopped: str | None = None
     over: float = 0.0  # the value that crossed the limit
+    idle: float = 0.0  # idle seconds of the tree so far
+    idle_every: float = 0.5
 
     def __post_init__(self):
         self.started = started(self.pid)  # who `pid` is: end_tree leaves a later process with that pid alone
         self._done = threading.Event()
         self._start = time.monotonic()
+        self._busy: dict[int, float] = {}  # thread id -> its busy seconds at the last look
+        self._idle_look = self._start
         self._thread = threading.Thread(target=self._watch, name=f"sandbox-watchdog-{self.pid}", daemon=True)
         self._thread.start()
 
@@ -266,9 +296,12 @@ class Watchdog:
                 return
             self.usage = dataclasses.replace(usage, cpu_seconds=max(usage.cpu_seconds, self.usage.cpu_seconds))
             self.peak_memory = max(self.peak_memory, usage.memory_bytes)
+            if IDLE_CLOCK and time.monotonic() - self._idle_look >= self.idle_every:
+                self._look_idle()
             checks = [("memory", usage.memory_bytes, limits.memory_bytes),
                       ("cpu time", self.usage.cpu_seconds, limits.cpu_seconds),
                       ("wall time", time.monotonic() - self._start, limits.wall_seconds),
+                      ("idle", self.idle, limits.idle_seconds),
                       ("processes", usage.processes, limits.processes)]
             for name, value, limit in checks:
                 if limit is not None and value > limit:
@@ -281,6 +314,17 @@ class Watchdog:
                 end_tree(self.pid, start=self.started)
                 return
             self._done.wait(self.poll)
+
+    def _look_idle(self) -> None:
+        """Add the seconds since the last look in which the tree's threads together ran or waited for a CPU less
+        than the clock did (a thread that ended since keeps what it had; a new one counts from its start)."""
+        now = time.monotonic()
+        busy = busy_threads([self.pid] * self.include_root + descendants(self.pid))
+        added = sum(seconds - self._busy.get(tid, 0.0) if seconds >= self._busy.get(tid, 0.0) else seconds
+                    for tid, seconds in busy.items())  # (a smaller value: a new thread with the same id)
+        self.idle += max(0.0, (now - self._idle_look) - added)
+        self._busy.update(busy)
+        self._idle_look = now
 
     def close(self) -> None:
         self._done.set()

@@ -43,6 +43,8 @@ The Python side, for the process that starts a sandbox (a grader):
     adopt_orphans(), end_orphans(keep) the grader as a second line: a subreaper itself, ending after each
                                        submission every child it did not have before (orphans that escaped)
 
+(A kernel's own output cap, `limit_kernel_output`, is in ttlib.grading.output.)
+
 A second kind of sandboxed process, a test runner that is not a kernel:
 
     result = run([sys.executable, "-m", "ttlib.exercises.hidden", "answer.py"],
@@ -263,7 +265,7 @@ class Result:
 
 def _read_capped(stream, limit: int, out: list[bytes]) -> None:
     kept = 0
-    while chunk := stream.read(65536):
+    while chunk := stream.read1(65536):  # what has arrived: a watch reads it as the run goes
         if kept < limit:
             out.append(chunk[:limit - kept])
             kept += len(out[-1])
@@ -272,11 +274,12 @@ def _read_capped(stream, limit: int, out: list[bytes]) -> None:
 
 
 def run(argv: list[str], limits: Limits | None = None, readable=(), protected=(), env: dict | None = None,
-        files: dict[str, bytes] | None = None, tcp_ports=None, name: str = "run") -> Result:
+        files: dict[str, bytes] | None = None, tcp_ports=None, name: str = "run", watch=None) -> Result:
     """Run `argv` in a fresh sandbox (its own scratch folder, removed afterwards) under `limits`, its stdout and
     stderr captured, and return what happened. It starts in the scratch folder, where `files` ({relative path:
     bytes}) are written first; its stdin is /dev/null. `env` defaults to this process's environment (then moved
-    into the scratch folder, see Sandbox.environment)."""
+    into the scratch folder, see Sandbox.environment). `watch(watchdog, stdout_chunks)`, asked at each of the
+    watchdog's looks, may end the run early by returning a reason (then `Result.stopped`)."""
     import subprocess
 
     start = time.monotonic()
@@ -291,8 +294,8 @@ def run(argv: list[str], limits: Limits | None = None, readable=(), protected=()
         proc = subprocess.Popen(box.command(argv), env=box.environment(env), cwd=box.scratch,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
-        dog = box.watch(proc.pid)
         out, err = [], []
+        dog = box.watch(proc.pid, guard=None if watch is None else lambda: watch(box.watchdog, out))
         readers = [threading.Thread(target=_read_capped, args=(s, limits.output_bytes, o), daemon=True)
                    for s, o in ((proc.stdout, out), (proc.stderr, err))]
         for r in readers:
@@ -322,49 +325,6 @@ def _wait(proc, timeout: float | None):
             end_tree(proc.pid)
             deadline = None
         time.sleep(0.01)
-
-
-# ---- inside a Jupyter kernel -----------------------------------------------------------------------------------------
-KERNEL_OUTPUT_NOTE = "\n[ttlib: output over the grading limit ({}): the rest was dropped]\n"
-
-
-def limit_kernel_output(per_cell: int, per_kernel: int) -> None:
-    """Run inside an IPython kernel when it starts (BoundedExecute passes it as an exec_line): the stream messages
-    its stdout and stderr send (print, and what the kernel reads back from its file descriptors 1 and 2) carry at
-    most `per_cell` characters for each cell and `per_kernel` in all, the excess dropped with one note, so printing
-    gigabytes sends only small messages. A submission can undo this; the grader caps again what it receives, and
-    stops a kernel whose output grows the grading process."""
-    session = getattr(sys.stdout, "session", None)
-    if session is None:  # not an ipykernel stream
-        return
-    state = {"cell": None, "in_cell": 0, "in_all": 0, "noted": False}
-    lock = threading.Lock()
-    send = session.send
-
-    def send_capped(stream, msg_or_type, *args, **kwargs):
-        content = msg_or_type.get("content") if isinstance(msg_or_type, dict) else None
-        if isinstance(msg_or_type, dict) and msg_or_type.get("msg_type") == "stream" and content:
-            text = content.get("text", "")
-            with lock:
-                cell = (msg_or_type.get("parent_header") or {}).get("msg_id")
-                if cell != state["cell"]:
-                    state.update(cell=cell, in_cell=0, noted=False)
-                left_cell, left_all = per_cell - state["in_cell"], per_kernel - state["in_all"]
-                part = text[:max(0, min(left_cell, left_all))]
-                if len(part) < len(text):
-                    if not state["noted"]:
-                        which = f"{per_cell / 2**20:g} MiB a cell" if left_cell <= left_all else \
-                            f"{per_kernel / 2**20:g} MiB in all"
-                        part += KERNEL_OUTPUT_NOTE.format(which)
-                        state["noted"] = True
-                    if not part:
-                        return None
-                    content["text"] = part
-                state["in_cell"] += len(part)
-                state["in_all"] += len(part)
-        return send(stream, msg_or_type, *args, **kwargs)
-
-    session.send = send_capped
 
 
 if __name__ == "__main__":  # the wrapper: python -m ttlib.grading.sandbox --scratch DIR ... -- ARGV
