@@ -15,8 +15,8 @@ failed submission's folder). Here the work is cut where nbgrader's own converter
    nothing: its submission is graded again (`MAX_ATTEMPTS`).
 
 Each graded notebook records what it was graded from (a hash of the submission and the release): a run grades only
-the submissions that are new or changed since (or, graded by `nbgrader autograde`, older than their graded
-notebooks), unless `force`.
+the submissions that are new or changed since, unless `force` (one graded by `nbgrader autograde`, which records
+nothing, counts as changed when a file of it is newer than its graded notebook).
 
     report = autograde(course, ["01_attention"], jobs=4)        # this machine
     report = autograde(course, ["01_attention", "02_trajectory_tokenizer"], ray="10.0.0.5:6379")
