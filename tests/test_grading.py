@@ -1,12 +1,15 @@
 """Instructors grade the exercises with nbgrader: a real course folder, a real sqlite gradebook, and the commands of
 the README's instructor guide, run as written (`ttlib grade ...`, `nbgrader ...`) from the repository root.
 
-One class is graded once (the `graded` fixture), several students per `nbgrader autograde` run, and each test reads
-its results. Every submission is made from the student version by filling its exercise cells: with the solution
-notebook's answers, or with some replaced by answers from tests/wrong_answers/ (tests/test_exercises.py runs every
-one of those against its exercise's test cell; here nbgrader grades a few, to show the scores are the ones
-predicted). The class, with the points each student should get for each exercise (`EXPECTED`, checked cell by cell
-in the gradebook):
+One class is graded once (the `graded` fixture), JOBS submissions at a time (`ttlib grade autograde --jobs`, three
+runs: notebook 02 with its short limits, the two slowest notebooks beside a CPU hog, the rest), and each test reads
+its results; `test_the_same_verdicts_whatever_the_layout` grades notebook 02's class again, one at a time and on a
+local Ray cluster of two workers, losing a worker each time, and finds the same verdicts cell by cell.
+
+Every submission is made from the student version by filling its exercise cells: with the solution notebook's
+answers, or with some replaced by answers from tests/wrong_answers/ (tests/test_exercises.py runs every one of those
+against its exercise's test cell; here nbgrader grades a few, to show the scores are the ones predicted). The class,
+with the points each student should get for each exercise (`EXPECTED`, checked cell by cell in the gradebook):
 - "solutions" hands in every graded notebook with the solution notebook's answers;
 - "unmodified" hands in the student versions exactly as released, of notebooks 00-03 only (grading a blank notebook
   runs it to the end like any other, so the later, slower notebooks would double the test's time to show the same
@@ -28,7 +31,8 @@ in the gradebook):
   whole notebook, EXERCISE_CPU for an exercise's hidden tests, MEMORY_GB for its kernel and its hidden tests), so the
   loop and the hog cost seconds.
 Notebooks 03 and 05 (the slowest to grade) are graded while as many busy processes as the machine has cores run
-beside them (`cpu_hog`): the budgets count CPU seconds, so correct submissions keep full marks.
+beside them (`cpu_hog`): the budgets count CPU seconds, so correct submissions keep full marks. (tests/
+test_grading_sandbox.py grades with `nbgrader autograde` itself too, one at a time, as nbgrader users do.)
 `test_the_class_table` prints the table: student, notebook, expected, got, CPU seconds of the kernel and of the
 hidden tests.
 """
@@ -71,6 +75,7 @@ HOGGED = ["03_trajectory_gpt", BEAM]  # graded beside a CPU hog
 FAST_CELL_TIMEOUT = 100
 FAST_NOTEBOOK_TIMEOUT = 400
 UNMODIFIED = GRADED[:4]  # the notebooks "unmodified" hands in (see above)
+JOBS = 2  # submissions graded at a time
 
 
 def read(path):
@@ -296,31 +301,41 @@ RAN_IN = re.compile(r"ttlib: (\S+) ran in ([0-9.]+) s")
 HIDDEN_IN = re.compile(r"ttlib: (\S+)'s hidden tests: .*?, ([0-9.]+) s of CPU time")
 
 
+def autograde(assignments, env, root: Path) -> tuple[str, dict[str, str]]:
+    """`ttlib grade autograde` of `assignments`, JOBS at a time -> (its output: a line a submission, {assignment:
+    its whole log})."""
+    out = run("ttlib", "grade", "autograde", *assignments, "--jobs", str(JOBS), env=env)
+    return out, {a: (root / f"autograde_{a}.log").read_text() for a in assignments}
+
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """A class graded end to end: release, collect, autograde, feedback, export. Returns what the tests read."""
     tmp = tmp_path_factory.mktemp("course")
-    # one thread per kernel, as tests/conftest.py sets for pytest-xdist workers: the class is graded one by one
+    # one thread per kernel, as tests/conftest.py sets for pytest-xdist workers
     env = {**os.environ, "TTLIB_COURSE_DIR": str(tmp / "grading"), "TTLIB_FAST": "1", "OMP_NUM_THREADS": "1"}
     from ttlib import data  # the course dataset, built before the short time limits apply (a no-op when there)
 
     data.load(data.DEFAULT_DATASET, progress=False)
     # sets up the course folder and its gradebook; says whether notebooks/student/ is what release generates now
-    out = {"root": tmp / "grading", "release": run("ttlib", "grade", "release", "--check", env=env, may_fail=True),
-           "seconds": {}}
+    root = tmp / "grading"
+    out = {"root": root, "release": run("ttlib", "grade", "release", "--check", env=env, may_fail=True),
+           "seconds": {}, "hidden seconds": {}, "downloads": tmp / "downloads", "env": env}
     for assignment in GRADED:
         folder = tmp / "downloads" / assignment  # what an instructor downloads: one <student>.ipynb each
         folder.mkdir(parents=True)
         for student, nb in submissions(assignment).items():
             nbformat.write(nb, folder / f"{student}.ipynb")
         out[f"collect {assignment}"] = run("ttlib", "grade", "collect", assignment, str(folder), env=env)
-        with cpu_hog(os.cpu_count() or 2) if assignment in HOGGED else contextlib.nullcontext():
-            log = run("nbgrader", "autograde", assignment, env={**env, **limits(assignment)})
-        out[f"autograde {assignment}"] = log
-        out["seconds"][assignment] = {student: float(seconds) for student, seconds in RAN_IN.findall(log)}
-        out["hidden seconds"] = {**out.get("hidden seconds", {}), assignment: {
-            student: float(seconds) for student, seconds in HIDDEN_IN.findall(log)}}
+    rest = [a for a in GRADED if a != CHEAP and a not in HOGGED]
+    for assignments, hogged in (([CHEAP], False), (HOGGED, True), (rest, False)):
+        with cpu_hog(os.cpu_count() or 2) if hogged else contextlib.nullcontext():
+            lines, logs = autograde(assignments, {**env, **limits(assignments[0])}, root)
+        out["lines"] = out.get("lines", "") + lines
+        for assignment, log in logs.items():
+            out[f"autograde {assignment}"] = log
+            out["seconds"][assignment] = {student: float(seconds) for student, seconds in RAN_IN.findall(log)}
+            out["hidden seconds"][assignment] = {student: float(seconds) for student, seconds in HIDDEN_IN.findall(log)}
     for assignment in [ATTENTION, CHEAP, BEAM]:
         run("nbgrader", "generate_feedback", assignment, env=env)
     run("nbgrader", "export", "--to", str(tmp / "grades.csv"), env=env)
@@ -573,6 +588,84 @@ def test_feedback_shows_the_score_and_only_what_is_the_students(graded, assignme
             assert "output_error" not in html, f"{student}'s feedback shows an error"
 
 
+def test_autograde_says_how_each_submission_went(graded):
+    """A line a submission: (its notebook, when a run grades several,) student, points, flags, CPU seconds."""
+    flagged = {row["student_id"] for row in graded["totals"] if row["flagged"]}
+    for student, by_assignment in EXPECTED.items():
+        for assignment, cells in by_assignment.items():
+            prefix = "" if assignment == CHEAP else f"{assignment} "
+            line = (rf"^{prefix}{student} +{sum(cells.values()):g}/{sum(points(assignment).values()):g} points +"
+                    rf"(\d+) flags? +[0-9.]+ \+ [0-9.]+ CPU s \(kernel \+ hidden tests\), \d+ s")
+            found = re.search(line, graded["lines"], re.M)
+            assert found, f"{assignment} {student}: no line {line!r}"
+            assert (found.group(1) != "0") == (student in flagged), found[0]  # (flagged ones hand in one notebook)
+    assert f"{JOBS} at a time on this machine" in graded["lines"]
+
+
+def verdicts(root: Path, assignment: str) -> dict:
+    """{student: (points of each test cell, the errors each shows, the scan's flags)}: what must not depend on how
+    a class was graded."""
+    out = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for submission in gb.assignment_submissions(assignment):
+            student = submission.student.id
+            nb = read(root / "autograded" / student / assignment / f"{assignment}.ipynb")
+            cells = {g.name: g.score for g in submission.notebooks[0].grades}
+            out[student] = (cells, {g: errors(nb, g) for g in cells}, nb.metadata["ttlib"]["flags"])
+    return out
+
+
+def released_and_collected(tmp: Path, downloads: Path, env: dict) -> dict:
+    """Notebook 02's class in a course folder of its own, released and collected -> the environment that grades it."""
+    root = tmp / "grading"
+    env = {**env, **limits(CHEAP), "TTLIB_COURSE_DIR": str(root)}
+    source = root / "source" / CHEAP / f"{CHEAP}.ipynb"
+    source.parent.mkdir(parents=True)
+    nbformat.write(grade.source_version(solution_notebook(CHEAP), f"{CHEAP}.ipynb"), source)
+    run("nbgrader", "generate_assignment", CHEAP, "--force", env=env)
+    run("ttlib", "grade", "collect", CHEAP, str(downloads), env=env)
+    return env
+
+
+def test_the_same_verdicts_whatever_the_layout(graded, tmp_path):
+    """Notebook 02's class (a loop, a memory hog, edited and deleted test cells, ...) graded one at a time and on a
+    local Ray cluster of two workers -- both runs at once -- gets the points, errors and flags it got JOBS at a
+    time, for every student and test cell. In each run a worker is lost mid-grading (it exits 3 s into one
+    submission): that submission is graded again, nothing is booked twice, and nothing the lost worker ran outlives
+    it."""
+    import tempfile
+
+    import ray
+    from test_sandbox import marked
+
+    from ttlib.ray_cluster import connect
+
+    expected = verdicts(graded["root"], CHEAP)
+    assert set(expected) == {s for s, by in EXPECTED.items() if CHEAP in by}
+    layouts = {"one at a time": ("raises", ["--jobs", "1"]), "ray": ("partial", ["--ray"])}
+    ray_files = tempfile.mkdtemp(prefix="ttray-")  # short: Ray's socket paths must stay under 107 characters
+    try:
+        assert connect(num_cpus=2, temp_dir=ray_files)[1], "a local cluster of its own"
+        layouts["ray"][1].append(ray.get_runtime_context().gcs_address)
+        runs = {}
+        for name, (lost, where) in layouts.items():
+            env = released_and_collected(tmp_path / name.replace(" ", "-"), graded["downloads"] / CHEAP,
+                                         {**graded["env"], "TTLIB_GRADE_CRASH": f"{lost}:3:{tmp_path / name}.lost"})
+            runs[name] = (env, subprocess.Popen([sys.executable, "-m", "ttlib", "grade", "autograde", CHEAP, *where],
+                                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True))
+        outputs = {name: proc.communicate(timeout=1800)[0] for name, (_, proc) in runs.items()}
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_files, ignore_errors=True)
+    for name, (env, proc) in runs.items():
+        assert proc.returncode == 0 and (tmp_path / f"{name}.lost").exists(), outputs[name][-3000:]
+        assert verdicts(Path(env["TTLIB_COURSE_DIR"]), CHEAP) == expected, name
+    assert "1 at a time on this machine" in outputs["one at a time"] and "on the Ray cluster" in outputs["ray"]
+    sandboxes = "|".join(re.escape(s) for s in expected)
+    assert marked("ttlib-no-marker", re.compile(rf"TTLIB_SANDBOX=[^\0]*/ttsbx-({sandboxes})-".encode())) == []
+
+
 def test_the_class_table(graded):
     """The table of the issue's closing note: student, notebook, expected, got, grading time (run with -s)."""
     rows = []
@@ -623,6 +716,22 @@ def test_collect_explains_bad_input(tmp_path, monkeypatch, capsys):
     assert cli.main(["grade", "collect", CHEAP, str(folder)]) == 0
     assert "ada" in capsys.readouterr().out and course.submitted("ada", CHEAP).read_bytes() == (
         STUDENT / f"{CHEAP}.ipynb").read_bytes()
+
+
+def test_autograde_explains_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("TTLIB_COURSE_DIR", str(tmp_path / "grading"))
+    assert "unknown assignment '99_nothing'" in grade_error(capsys, "autograde", "99_nothing")
+    assert "run `ttlib grade release` first" in grade_error(capsys, "autograde", CHEAP)
+    assert "at least one submission at a time" in grade_error(capsys, "autograde", CHEAP, "--jobs", "0")
+    course = grade.open_course(REPO)
+    released = course.released(CHEAP)
+    released.parent.mkdir(parents=True)
+    shutil.copyfile(STUDENT / f"{CHEAP}.ipynb", released)
+    Gradebook(f"sqlite:///{course.root / 'gradebook.db'}").close()
+    assert "no Ray cluster answers at 127.0.0.1:9" in grade_error(capsys, "autograde", CHEAP, "--ray", "127.0.0.1:9")
+    assert cli.main(["grade", "autograde", CHEAP]) == 0  # nothing submitted: nothing to grade
+    assert f"graded 0 submissions of {CHEAP}" in capsys.readouterr().out
 
 
 def test_grade_commands_need_the_repository_root(tmp_path, monkeypatch, capsys):

@@ -2,14 +2,16 @@
 README's instructor guide run as written, in which some students attack the others, the gradebook and the grader.
 All of it is graded while a CPU hog runs (two busy processes on this 2-core machine, beside whatever else runs).
 
-Two `nbgrader autograde` runs, as when submissions come in over days:
-1. "ada" (every exercise right), "bob" (one plausible bug) and "breaker" (a hook that makes each test cell show
+Two runs, as when submissions come in over days:
+1. `nbgrader autograde`, one at a time: "ada" (every exercise right), "bob" (one plausible bug) and "breaker" (a
+   hook that makes each test cell show
    1000 as its result, which nbgrader reads as partial credit and refuses: "partial credit cannot be greater than
    maximum points"), graded with `--BoundedExecute.strip_score_outputs=False --BoundedExecute.hidden_tests=False`
    (the hidden tests' verdicts would drop those outputs too) so that nbgrader's bookkeeping fails
    for "breaker": it gets a clear 0 with the reason, an autograded notebook and feedback; ada and bob are graded
    normally. Then their feedback is generated.
-2. The attackers:
+2. `ttlib grade autograde --jobs 2`, two at a time, the attackers graded in one batch with their victims "fay"
+   (every exercise right; graded beside the vandal) and "gus" (one plausible bug):
    - "eve", a vandal: rewrites and deletes the others' submitted/, autograded/ and feedback/ folders, rewrites
      gradebook.db, writes outside its folder, and leaves a `setsid` process and a double-forked one that sleep and
      then try it all again;
@@ -17,11 +19,14 @@ Two `nbgrader autograde` runs, as when submissions come in over days:
    - "flood": every exercise right, and its first one prints 320 MiB (and writes 64 MiB to its stdout file
      descriptor);
    - "scorer": blank, with the same hook as "breaker" but showing 2 (each test's maximum or less): nbgrader would
-     give it points for failing tests.
+     give it points for failing tests;
+   - "sleeper": its decode sleeps forever and ignores SIGTERM and SIGINT (idle limits lowered: IDLE_* below).
 Checked afterwards: the right answers keep full marks under the hog (time is counted in CPU seconds); no file of
-ada, bob or breaker changed (hashes before and after) and nor did their grades; nothing the submissions started is
-alive (every process is scanned for the marker their command lines carry and for a sandbox's environment); the
-grading process's memory stayed bounded while "flood" printed (its peak is compared with the first run's).
+ada, bob or breaker changed (hashes before and after), nor fay's and gus's submissions, nor anyone's grades;
+fay and gus get their points; nothing the submissions started is alive (every process is scanned for the marker
+their command lines carry and for a sandbox's environment); the grading processes' memory stayed bounded while
+"flood" printed (their peak is compared with the first run's). Last, a run after the batch grades only a new
+submission.
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ from test_grading import CHEAP, REPO, answered, cell, one_bug, points, read, sol
 from test_sandbox import marked
 
 from ttlib.grading import assignments as grade
-from ttlib.grading import sandbox
+from ttlib.grading import processes, sandbox
 
 MARK = "ttlib-sandbox-test-marker"  # in the command line of every process an attacker starts
 CELL_CPU = 20  # CPU seconds a cell may use; a correct submission uses about 7 in all
 NOTEBOOK_CPU = 35
+IDLE_CELL, IDLE_NOTEBOOK, IDLE_EXERCISE = 15, 30, 8  # idle seconds (defaults 60, 120, 20): the sleeper's bounds
+JOBS = 2
 MEMORY_GB = 2.0
 FLOOD_MIB = 320
 POINTS = points(CHEAP)  # {"02-uniform-test": 3, "02-quantile-test": 2, "02-decode-test": 2}
@@ -125,6 +132,18 @@ subprocess.Popen([sys.executable, "-c", hog, "{MARK}"], start_new_session=True) 
 time.sleep(60)  # the kernel itself holds nothing
 '''
 
+SLEEPING_DECODE = '''import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def decode(bins, edges):
+    while True:
+        try:
+            time.sleep(1)
+        except BaseException:  # an interrupt, too
+            pass
+'''
+
 FLOOD = f'''import os
 for _ in range({FLOOD_MIB}):
     print("x" * (1 << 20))
@@ -153,32 +172,41 @@ def class_of_02():
     first_run = {"ada": answered(CHEAP, solutions),
                  "bob": one_bug(CHEAP, "02-uniform", 'side="right"', 'side="left"'),
                  "breaker": with_code(first, "02-quantile", score_hook(1000))}
-    second_run = {"eve": with_code(blank, "02-uniform", VANDAL),
+    second_run = {"fay": answered(CHEAP, solutions),
+                  "gus": one_bug(CHEAP, "02-quantile", "return np.maximum.accumulate(edges, axis=1)", "return edges"),
+                  "eve": with_code(blank, "02-uniform", VANDAL),
                   "hog": answered(CHEAP, {**solutions, "02-decode": ESCAPING_HOG}),
                   "flood": with_code(answered(CHEAP, solutions), "02-uniform", FLOOD),
-                  "scorer": with_code(blank, "02-uniform", score_hook(2))}
+                  "scorer": with_code(blank, "02-uniform", score_hook(2)),
+                  "sleeper": answered(CHEAP, {**solutions, "02-decode": SLEEPING_DECODE})}
     return first_run, second_run
 
 
-EXPECTED = {"ada": FULL, "bob": FULL - POINTS["02-uniform-test"], "breaker": 0, "eve": 0,
-            "hog": POINTS["02-uniform-test"] + POINTS["02-quantile-test"], "flood": FULL, "scorer": 0}
+BUT_DECODE = POINTS["02-uniform-test"] + POINTS["02-quantile-test"]
+EXPECTED = {"ada": FULL, "bob": FULL - POINTS["02-uniform-test"], "breaker": 0, "fay": FULL,
+            "gus": FULL - POINTS["02-quantile-test"], "eve": 0, "hog": BUT_DECODE, "flood": FULL, "scorer": 0,
+            "sleeper": BUT_DECODE}
 
 
-def run(*args, env, timeout=900, watch=None):
-    """One command of the instructor guide from the repository root; (output, peak RSS of the command's own
-    process in bytes)."""
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return 0
+
+
+def run(*args, env, timeout=900):
+    """One command of the instructor guide from the repository root; (output, peak RSS of a grading process in
+    bytes: the command's own, or of one of its pool's processes, which receive the kernels' output)."""
     proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     peak = [0]
 
     def sample():
         while proc.poll() is None:
-            try:
-                with open(f"/proc/{proc.pid}/status") as f:
-                    rss = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
-                peak[0] = max(peak[0], rss)
-            except (OSError, AttributeError):
-                pass
+            pool = processes._children_of(proc.pid)  # its own children: the pool's processes
+            peak[0] = max([peak[0], _rss(proc.pid), *map(_rss, pool)])
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -227,15 +255,16 @@ def graded(tmp_path_factory):
     root = tmp / "grading"
     env = {**os.environ, "TTLIB_COURSE_DIR": str(root), "TTLIB_FAST": "1", "OMP_NUM_THREADS": "1",
            "TTLIB_GRADE_CELL_TIMEOUT": str(CELL_CPU), "TTLIB_GRADE_NOTEBOOK_TIMEOUT": str(NOTEBOOK_CPU),
-           "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB),
-           "TTLIB_GRADE_WALL_FACTOR": "20"}  # the clock's backstop is not under test: no load may reach it
+           "TTLIB_GRADE_MEMORY_GB": str(MEMORY_GB), "TTLIB_GRADE_CELL_IDLE": str(IDLE_CELL),
+           "TTLIB_GRADE_NOTEBOOK_IDLE": str(IDLE_NOTEBOOK), "TTLIB_GRADE_EXERCISE_IDLE": str(IDLE_EXERCISE),
+           "TTLIB_GRADE_WALL_FACTOR": "20"}  # the clock's last backstop is not under test: no load may reach it
     # notebook 02 only: its source version and `nbgrader generate_assignment`, as `ttlib grade release` does
     source = root / "source" / CHEAP / f"{CHEAP}.ipynb"
     source.parent.mkdir(parents=True)
     nbformat.write(grade.source_version(solution_notebook(CHEAP), f"{CHEAP}.ipynb"), source)
     run("nbgrader", "generate_assignment", CHEAP, "--force", env=env)
     first, second = class_of_02()
-    out = {"root": root, "logs": {}, "peak": {}}
+    out = {"root": root, "logs": {}, "peak": {}, "env": env, "tmp": tmp}
     hogs = busy(2)
     hogged_from = time.monotonic()
     try:
@@ -247,12 +276,15 @@ def graded(tmp_path_factory):
             for student, nb in students.items():
                 nbformat.write(nb, folder / f"{student}.ipynb")
             run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
-            out["logs"][name], out["peak"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
-            (tmp / f"autograde-{name}.log").write_text(out["logs"][name])
             if name == "first":
+                out["logs"][name], out["peak"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
                 run("nbgrader", "generate_feedback", CHEAP, env=env)
-                out["hashes before"] = hashes(root, first)
-                out["grades before"] = grades(root, first)
+                continue
+            out["hashes before"] = hashes(root, first) | hashes(root, ["fay", "gus"])  # their submissions
+            out["grades before"] = grades(root, first)
+            out["stdout"], out["peak"][name] = run("ttlib", "grade", "autograde", CHEAP, "--jobs", str(JOBS),
+                                                   env=env)
+            out["logs"][name] = out["stdout"] + (root / f"autograde_{CHEAP}.log").read_text()
     finally:
         out["hogged"] = (time.monotonic() - hogged_from, [_cpu_seconds(h.pid) for h in hogs])  # (wall, CPU each)
         for h in hogs:
@@ -261,13 +293,16 @@ def graded(tmp_path_factory):
     time.sleep(4)  # what the vandal left behind would have woken up by now
     sandboxes = "|".join(re.escape(s) for s in [*first, *second])  # a sandbox's folder is named after its student
     out["alive"] = marked(MARK, re.compile(rf"TTLIB_SANDBOX=[^\0]*/ttsbx-({sandboxes})-".encode()))
-    out["hashes after"] = hashes(root, first)
+    out["hashes after"] = {k: v for k, v in (hashes(root, first) | hashes(root, ["fay", "gus"])).items()
+                           if k in out["hashes before"] or not k.startswith(("autograded/", "feedback/"))}
     out["grades after"] = grades(root, first)
     out["outside"] = [p for p in (Path("/tmp") / MARK, Path.home() / MARK) if p.exists()]
     out["seconds"] = time.monotonic() - start
     logs = "\n".join(out["logs"].values())
     out["ran"] = {s: (float(cpu), float(wall)) for s, cpu, wall in
                   re.findall(r"ttlib: (\S+) ran in ([0-9.]+) s of CPU time, ([0-9.]+) s on the clock", logs)}
+    out["graded in"] = {s: float(seconds) for s, seconds in re.findall(r"---- (\S+) \(graded on \S+ in ([0-9.]+) s\)",
+                                                                       logs)}
     return out
 
 
@@ -292,13 +327,29 @@ def test_every_student_gets_the_expected_score(graded):
 
 
 def test_the_vandal_changed_nothing_of_the_others(graded):
+    """The vandal was graded in the batch of fay and gus (JOBS at a time, in order of student: eve beside fay
+    first), after ada, bob and breaker: nothing of theirs changed, and fay and gus got their points."""
     assert graded["hashes after"] == graded["hashes before"]
+    assert len([k for k in graded["hashes before"] if k.startswith(("submitted/fay/", "submitted/gus/"))]) == 2
     assert graded["grades after"] == graded["grades before"]
     assert graded["outside"] == []
     said = outputs(autograded(graded, "eve"), "02-uniform")
     assert "could not rewrite" in said and "Permission denied" in said, said[:2000]
     assert "could not write" in said and "gradebook.db" in said
     assert re.search(r"^(rewrite|delete|write) ", said.replace("\\n", "\n"), re.M) is None, said[:2000]
+
+
+def test_a_submission_that_only_sleeps_loses_only_what_it_never_finished(graded):
+    """The sleeper's decode sleeps and ignores SIGTERM and interrupts: its kernel's cell is stopped after IDLE_CELL
+    idle seconds (and waited for 10 s more), its hidden tests after IDLE_EXERCISE; the clock's last backstop (20
+    times the CPU budgets) never came near. It keeps the two exercises it finished."""
+    nb = autograded(graded, "sleeper")
+    verdict = outputs(nb, "02-decode-test")
+    assert "HiddenTestFailed" in verdict and "doing nothing" in verdict, verdict[:1000]
+    stopped = nb.metadata["ttlib"]["run"]["stopped"]
+    assert any("idle" in s for s in stopped) and any("doing nothing" in s for s in stopped), stopped
+    bound = IDLE_CELL + 10 + 3 * IDLE_EXERCISE + IDLE_EXERCISE + 150  # its idle budgets, and the rest on a busy box
+    assert graded["graded in"]["sleeper"] < bound, graded["graded in"]["sleeper"]
 
 
 def test_nothing_the_submissions_started_is_alive(graded):
@@ -360,3 +411,16 @@ def test_the_class_table(graded):
         print(f"| {student} | {score(graded, student):g} / {FULL:g} | {cpu:.1f} | {wall:.1f} |")
     print(f"grader peak RSS: {graded['peak']['first'] / 2**20:.0f} MiB (first run), "
           f"{graded['peak']['second'] / 2**20:.0f} MiB (second, with the flood); whole test {graded['seconds']:.0f} s")
+
+
+def test_a_run_after_the_batch_grades_only_what_is_new(graded):
+    """Every graded notebook records what it was graded from: the next run grades only a new submission."""
+    env = graded["env"]
+    folder = graded["tmp"] / "late"
+    folder.mkdir()
+    nbformat.write(answered(CHEAP, dict.fromkeys(["02-uniform", "02-quantile", "02-decode"])), folder / "erin.ipynb")
+    run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
+    out, _ = run("ttlib", "grade", "autograde", CHEAP, env=env)
+    assert re.search(r"^erin +7/7 points", out, re.M), out[-3000:]
+    assert f"graded 1 submission of {CHEAP}" in out and f"{len(EXPECTED)} up to date" in out, out[-2000:]
+    assert score(graded, "erin") == FULL

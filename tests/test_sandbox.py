@@ -374,10 +374,10 @@ def test_without_any_sandbox_the_command_runs_as_is_and_is_still_measured(monkey
 
 
 def test_grading_warns_once_per_run_about_what_does_not_hold(monkeypatch, caplog):
-    from ttlib.grading.plugins import _WARNED, BoundedExecute
+    from ttlib.grading.execute import _WARNED, BoundedExecute
 
     monkeypatch.setenv("TTLIB_SANDBOX_DISABLE", "landlock,namespaces")
-    monkeypatch.setattr("ttlib.grading.plugins._WARNED", set())
+    monkeypatch.setattr("ttlib.grading.execute._WARNED", set())
     executor = BoundedExecute()
     executor._memory_bytes = 2**30
     caplog.set_level(logging.WARNING)
@@ -403,7 +403,7 @@ def test_grading_waits_for_a_slow_kernels_output_and_says_so_when_it_never_comes
     Grading waits `iopub_timeout` (120 s); when even that runs out, the notebook says which wait ran out."""
     import nbformat
 
-    from ttlib.grading.plugins import BoundedExecute
+    from ttlib.grading.execute import BoundedExecute
 
     flood = "for i in range(3000):\n    print(i, flush=True)"  # 3000 messages: the last arrives after the reply
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(flood), nbformat.v4.new_code_cell(flood)])
@@ -425,7 +425,7 @@ def test_what_the_grader_imports_is_not_taken_for_a_kernels_output():
     script = textwrap.dedent('''
         import json, sys
         import nbformat
-        from ttlib.grading.plugins import BoundedExecute
+        from ttlib.grading.execute import BoundedExecute
         assert "torch" not in sys.modules, "the grader has not imported torch yet"
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
                                              nbformat.v4.new_code_cell("import time; time.sleep(1); print(x)")])
@@ -438,3 +438,4 @@ def test_what_the_grader_imports_is_not_taken_for_a_kernels_output():
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = json.loads(result.stdout.strip().splitlines()[-1])
     assert [o.get("text") for o in outputs] == ["1\n"], outputs
+

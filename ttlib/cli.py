@@ -11,6 +11,7 @@
     ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
     ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
+    ttlib grade autograde ASSIGNMENT [--jobs N] [--ray ADDRESS] [--force]   the class graded N at a time
     ttlib grade doctor                              what the grading sandbox guarantees on this machine
 """
 
@@ -166,6 +167,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's
         args = build_parser().parse_args(["lab"])
         args.jupyter_options = argv[1:]
+    elif argv[:2] == ["grade", "autograde"]:  # nbgrader's --Class.trait=value options pass through
+        options = [a for a in argv if grading_cli.NBGRADER_OPTION.match(a)]
+        args = build_parser().parse_args([a for a in argv if a not in options])
+        args.nbgrader_options = options
     else:
         args = build_parser().parse_args(argv)
     try:

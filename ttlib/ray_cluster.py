@@ -71,12 +71,14 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
                                f"`ray start --head`, or leave the address out to start a local cluster") from None
 
 
-def connect(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None):
+def connect(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None,
+            ship_code: bool = True):
     """Attach this process to Ray. -> (ray, started): started is True if this call started a local cluster.
 
     Uses the running Ray session if there is one; else the cluster at `address` (or $RAY_ADDRESS), e.g.
     "10.0.0.5:6379" or "ray://10.0.0.5:10001"; else starts a local cluster on this machine (`num_cpus` CPUs,
-    Ray's files under `temp_dir`), loopback only.
+    Ray's files under `temp_dir`), loopback only. A cluster's workers get this copy of ttlib unless `ship_code` is
+    False (the grader: its workers use the course installed on their machine, with its assets and datasets).
     """
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return sys.modules["ray"], False
@@ -91,8 +93,8 @@ def connect(address: str | None = None, num_cpus: int | None = None, temp_dir: s
         loopback = host in ("localhost", "::1") or host.startswith("127.")
         try:  # ship this copy of ttlib to the cluster's workers: they need the code, not the assets
             with _loopback_settings(new_cluster=False) if loopback else contextlib.nullcontext():
-                ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(ttlib.__file__)]},
-                         log_to_driver=False)
+                ray.init(address=address, log_to_driver=False,
+                         runtime_env={"py_modules": [os.path.dirname(ttlib.__file__)]} if ship_code else None)
         except Exception as e:
             raise DistributedError(f"could not connect to the Ray cluster at {address}: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}") from None

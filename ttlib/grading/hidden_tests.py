@@ -7,12 +7,15 @@ rewrite what a check compares with, or print what nbgrader takes for partial cre
 1. `run_hidden` starts `python -m ttlib.exercises.hidden` in a sandbox of its own (ttlib.grading.sandbox), on the
    release's setup cells and the submission's definitions only, with trials from a seed chosen now, and reads its
    records; the exercises are judged in this process (`judge_records`), where the submission never ran. An
-   exercise that loops is stopped at its CPU budget and the runner starts again with the exercises after it.
+   exercise that loops is stopped at its CPU budget, one that sleeps at its idle seconds (`IdleClock`: the clock's
+   seconds in which the runner neither ran nor waited for a CPU, so a busy machine does not count), and the runner
+   starts again with the exercises after it.
 2. `apply_verdicts` rewrites each graded test cell's outputs: what it printed stays (stderr too, moved to stdout, so
    a warning never costs points), results nbgrader would read as partial credit are dropped, the kernel's own error
    is replaced by the verdict -- an error output with the message the student reads, or nothing when it passed.
 
 Test cells of exercises that have no `ttlib.exercises` entry are left to the kernel's run, as nbgrader does.
+`judge` does all of it for autograde's executor, with the static scan's flags (ttlib.grading.scan).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import nbformat
 from ..exercises import find
 from ..exercises.hidden import judge_records
 
-__all__ = ["HiddenRun", "hidden_exercises", "run_hidden", "apply_verdicts"]
+__all__ = ["HiddenRun", "hidden_exercises", "run_hidden", "apply_verdicts", "judge"]
 
 
 @dataclass
@@ -49,8 +52,46 @@ def hidden_exercises(nb) -> dict[str, str]:
     return found
 
 
-def run_hidden(submitted, released_path: str, limits=None, protected=(), exercise_cpu: float = 120.0) -> HiddenRun:
-    """Run the hidden tests of `submitted` (a notebook) against the release at `released_path`."""
+class IdleClock:
+    """The watchdog's guard of one runner start: "idle" once the runner has been idle (sleeping, blocked) for
+    `exercise_idle` seconds since the exercise it is on started -- or `start_idle` seconds before the first one. It
+    reads the runner's records as they arrive. (An exercise counts from the first time it says it started: a
+    submission that writes false records gains at most `exercise_idle` an exercise.)"""
+
+    def __init__(self, exercises: list[str], exercise_idle: float, start_idle: float):
+        self.exercises, self.exercise_idle, self.start_idle = set(exercises), exercise_idle, start_idle
+        self.started: set[str] = set()
+        self.since, self.allowed = 0.0, start_idle
+        self._read, self._partial = 0, b""
+
+    def __call__(self, watchdog, out: list[bytes]) -> str | None:
+        if watchdog is None:
+            return None
+        while self._read < len(out):
+            self._partial += out[self._read]
+            self._read += 1
+            *lines, self._partial = self._partial.split(b"\n")
+            for line in lines:
+                self._note(line, watchdog.idle)
+        return "idle" if watchdog.idle - self.since > self.allowed else None
+
+    def _note(self, line: bytes, idle: float) -> None:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(entry, dict):
+            return
+        exercise = entry.get("exercise")
+        if entry.get("started") and exercise in self.exercises - self.started:
+            self.started.add(exercise)
+            self.since, self.allowed = idle, self.exercise_idle
+
+
+def run_hidden(submitted, released_path: str, limits=None, protected=(), exercise_cpu: float = 120.0,
+               exercise_idle: float | None = None) -> HiddenRun:
+    """Run the hidden tests of `submitted` (a notebook) against the release at `released_path`: `exercise_cpu` CPU
+    seconds an exercise, and `exercise_idle` idle seconds (None: no idle limit; three times that to start)."""
     from . import sandbox
 
     tests = hidden_exercises(submitted)
@@ -69,7 +110,8 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
         argv = [os.environ.get("TTLIB_PYTHON", _python()), "-m", "ttlib.exercises.hidden", "released.ipynb",
                 "submitted.ipynb", "--exercises", ",".join(remaining), "--seed", str(seed),
                 "--exercise-cpu", f"{exercise_cpu:g}"]
-        result = sandbox.run(argv, box_limits, protected=protected, files=files, name="hidden")
+        clock = None if exercise_idle is None else IdleClock(remaining, exercise_idle, 3 * exercise_idle)
+        result = sandbox.run(argv, box_limits, protected=protected, files=files, name="hidden", watch=clock)
         run.seconds += result.wall_seconds
         run.cpu_seconds += result.cpu_seconds
         out = result.stdout.decode("utf-8", errors="replace").splitlines()
@@ -103,6 +145,8 @@ def _stopped_verdict(exercise_id: str, limit: str | None, exercise_cpu: float, l
                        "it loop forever?)",
            "memory": f"your code used more than the {limits.memory_bytes / 2**30:.2f} GiB of memory allowed",
            "wall time": "your code waited too long on the clock (does it sleep or wait for something?)",
+           "idle": "your code waited, doing nothing, for longer than an exercise's hidden tests may (does it sleep, "
+                   "or wait for something that never comes?)",
            "processes": "your code started too many processes"}.get(limit or "", "your code ended the process")
     return f"Exercise {number} is not right yet: its hidden tests were stopped: {why}, so they could not pass."
 
@@ -161,3 +205,20 @@ def apply_verdicts(nb, verdicts: dict[str, str | None]) -> None:
         if grade_id in verdicts and verdicts[grade_id] is not None:
             kept.append(_error("HiddenTestFailed", verdicts[grade_id]))
         cell["outputs"] = kept
+
+
+def judge(nb, released: str, limits, protected=(), exercise_cpu: float = 120.0, exercise_idle: float | None = None,
+          hidden: bool = True) -> HiddenRun | None:
+    """All that decides a submission's points and flags, after its kernel ran: the scan's flags (in the notebook's
+    metadata, `ttlib.flags`), then the hidden tests' verdicts on its test cells. -> the hidden tests' run (None when
+    there were none to run)."""
+    from .scan import scan_notebook
+
+    nb.metadata.pop("ttlib", None)  # only this run's findings, never what a submission wrote there
+    nb.metadata["ttlib"] = {"flags": [str(f) for f in scan_notebook(nb, nbformat.read(released, as_version=4))]}
+    if not (hidden and hidden_exercises(nb)):
+        return None
+    run = run_hidden(nb, released, limits=limits, protected=protected, exercise_cpu=exercise_cpu,
+                     exercise_idle=exercise_idle)
+    apply_verdicts(nb, run.verdicts)
+    return run

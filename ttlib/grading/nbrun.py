@@ -2,7 +2,7 @@
 
 A cell that displays widgets sends comm messages on the shell socket while nbclient waits on that socket for the
 cell's reply; the wait can miss the reply and sleep until the cell's whole timeout (jupyter/nbclient#312). Used by
-grading (grade_plugins), the committed outputs (outputs) and the GPU check (gpu_check), which has no nbgrader.
+grading (execute), the committed outputs (outputs) and the GPU check (gpu_check), which has no nbgrader.
 """
 
 from __future__ import annotations

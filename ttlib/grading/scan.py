@@ -138,75 +138,79 @@ def scan_source(source: str, cell: int = 0, known: dict[str, str] | None = None)
     """The flags of one cell's code (IPython syntax allowed: magics and `!commands` are flagged too). `known`: the
     names other cells imported (the notebook's import cell), so that `torch.ops...` is flagged there too."""
     lines = source.splitlines()
-    flags: list[Flag] = []
-
-    def flag(line: int, reason: str) -> None:
-        text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-        item = Flag(cell, line, text[:100], reason)
-        if item not in flags:
-            flags.append(item)
-
-    for number, text in enumerate(lines, start=1):
-        stripped = text.lstrip()
-        if stripped.startswith(("!", "%")):
-            flag(number, "a shell command or IPython magic")
-    python = _as_python(source)
+    found: list[tuple[int, str]] = [(number, "a shell command or IPython magic") for number, text in
+                                    enumerate(lines, start=1) if text.lstrip().startswith(("!", "%"))]
     try:
-        tree = ast.parse(python)
+        tree = ast.parse(_as_python(source))
     except SyntaxError:
-        return flags  # a cell that does not parse cannot run either
-    bound = _bound_names(tree)  # a parameter called `mask` is not the module some other cell imported as `mask`
-    aliases = {name: module for name, module in {**{name: name for name in MODULE_ALIASES}, "np": "numpy",
-               "F": "torch.nn.functional", "nn": "torch.nn", **(known or {})}.items() if name not in bound}
-    aliases.update(imports_of(source))
+        tree = None  # a cell that does not parse cannot run either
+    if tree is not None:
+        bound = _bound_names(tree)  # a parameter called `mask` is not the module another cell imported as `mask`
+        aliases = {name: module for name, module in {**{name: name for name in MODULE_ALIASES}, "np": "numpy",
+                   "F": "torch.nn.functional", "nn": "torch.nn", **(known or {})}.items() if name not in bound}
+        aliases.update(imports_of(source))
+        found += _import_findings(tree)
+        for node in ast.walk(tree):
+            found += [(getattr(node, "lineno", 0), reason) for reason in _node_reasons(node, aliases)]
+    return _one_flag_a_line(found, lines, cell)
+
+
+def _import_findings(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, reason) of the imports of flagged modules or names."""
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                reason = _name_reason(alias.name, {alias.name.split(".")[0]: alias.name.split(".")[0]})
-                if reason:
-                    flag(node.lineno, reason)
+                top = alias.name.split(".")[0]
+                found.append((node.lineno, _name_reason(alias.name, {top: top})))
         elif isinstance(node, ast.ImportFrom) and node.module:
+            top = {node.module.split(".")[0]: node.module.split(".")[0]}
             for alias in node.names:
-                top = {node.module.split(".")[0]: node.module.split(".")[0]}
-                reason = _name_reason(f"{node.module}.{alias.name}", top) or _name_reason(node.module, top)
-                if reason:
-                    flag(node.lineno, reason)
-    for node in ast.walk(tree):
-        line = getattr(node, "lineno", 0)
-        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(getattr(node, "ctx", None), ast.Load):
-            name = _dotted(node)
-            reason = _name_reason(name, aliases) if name else None
-            if reason:
-                flag(line, reason)
-        if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTES:
-            flag(line, ATTRIBUTES[node.attr])
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for target in targets:
-                name = _dotted(target) if isinstance(target, ast.Attribute) else None
-                if name and name.split(".")[0] in set(aliases) | MODULE_ALIASES:
-                    flag(line, f"rebinds `{name}`, a name of a library")
-                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Call) and \
-                        _dotted(target.value.func) in ("globals", "vars", "locals"):
-                    flag(line, "rewrites names through globals()")
-        if isinstance(node, ast.Call):
-            func = _dotted(node.func)
-            if func in ("setattr", "delattr") and node.args and isinstance(node.args[0], (ast.Name, ast.Attribute)):
-                flag(line, f"{func} on another object (e.g. a library's module)")
-            if func == "open" or (func or "").endswith((".write_text", ".write_bytes", ".open")):
-                for arg in node.args[:1]:
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and COURSE_WORDS.search(arg.value):
-                        flag(line, "opens a file outside its own folder")
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and COURSE_WORDS.search(node.value) \
-                and ("/" in node.value or node.value.endswith(".db")):
-            flag(line, "names the course folder's files")
-    merged: dict[tuple[int, int], Flag] = {}
-    for item in flags:  # one flag a line, its reasons together
-        key = (item.cell, item.line)
-        if key in merged and item.reason not in merged[key].reason:
-            merged[key] = Flag(item.cell, item.line, item.code, f"{merged[key].reason}; {item.reason}")
-        merged.setdefault(key, item)
-    return [merged[key] for key in sorted(merged)]
+                found.append((node.lineno, _name_reason(f"{node.module}.{alias.name}", top) or
+                              _name_reason(node.module, top)))
+    return [(line, reason) for line, reason in found if reason]
+
+
+def _node_reasons(node: ast.AST, aliases: dict[str, str]) -> list[str]:
+    """Why one node of a cell's syntax tree is flagged (names, attributes, rebinding, file names), if it is."""
+    reasons = []
+    if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(getattr(node, "ctx", None), ast.Load):
+        name = _dotted(node)
+        reasons.append(_name_reason(name, aliases) if name else None)
+    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTES:
+        reasons.append(ATTRIBUTES[node.attr])
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
+            name = _dotted(target) if isinstance(target, ast.Attribute) else None
+            if name and name.split(".")[0] in set(aliases) | MODULE_ALIASES:
+                reasons.append(f"rebinds `{name}`, a name of a library")
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Call) and \
+                    _dotted(target.value.func) in ("globals", "vars", "locals"):
+                reasons.append("rewrites names through globals()")
+    if isinstance(node, ast.Call):
+        func = _dotted(node.func)
+        if func in ("setattr", "delattr") and node.args and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+            reasons.append(f"{func} on another object (e.g. a library's module)")
+        if func == "open" or (func or "").endswith((".write_text", ".write_bytes", ".open")):
+            reasons += ["opens a file outside its own folder" for arg in node.args[:1]
+                        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and
+                        COURSE_WORDS.search(arg.value)]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and COURSE_WORDS.search(node.value) \
+            and ("/" in node.value or node.value.endswith(".db")):
+        reasons.append("names the course folder's files")
+    return [r for r in reasons if r]
+
+
+def _one_flag_a_line(found: list[tuple[int, str]], lines: list[str], cell: int) -> list[Flag]:
+    """The findings as flags, one a line with its reasons together (in the order found), sorted by line."""
+    reasons: dict[int, str] = {}
+    for line, reason in found:
+        if line not in reasons:
+            reasons[line] = reason
+        elif reason not in reasons[line]:
+            reasons[line] += f"; {reason}"
+    return [Flag(cell, line, (lines[line - 1].strip() if 0 < line <= len(lines) else "")[:100], reasons[line])
+            for line in sorted(reasons)]
 
 
 def _bound_names(tree: ast.AST) -> set[str]:
