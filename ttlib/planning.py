@@ -10,6 +10,8 @@ ones it believes pay off best:
                  sum_k gamma^k E[r_k] + gamma^(t+1) E[V_t]   (rewards so far + the value of what follows)
                  or, with a critic (`value="critic"`, see `critic.py`), by
                  sum_{k<t} gamma^k E[r_k] + gamma^t Q(s_t, a_t)   (rewards so far + the critic's value of the action)
+                 or, imitating (`value="likelihood"`, the paper's imitation mode), by
+                 sum_k log p(a_k)   (how likely the model finds the plan's actions: no reward at all)
         select:  keep the best `beam_width` children per environment
         observe: decode the next observation greedily (top-1): the model's most likely outcome
 
@@ -35,6 +37,8 @@ from .fast_decoder import BufferPool, FusedDecoder
 from .model import TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
 
+VALUES = ("token", "critic", "likelihood")  # what can score a plan (PlannerConfig.value)
+
 
 @dataclass
 class PlannerConfig:
@@ -47,7 +51,8 @@ class PlannerConfig:
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
     value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
-    value: str = "token"  # what values a plan's end: "token" (the model's value token) or "critic" (a Q critic)
+    value: str = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
+    #                       "likelihood" (the log-probability of its actions: imitation, for a model of good data)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
     cache: str = "fused"  # with use_cache: "fused" (fast_decoder.FusedDecoder) or "readable" (CachedDecoder)
 
@@ -63,8 +68,8 @@ class PlannerConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.value_weight < 0:
             raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
-        if self.value not in ("token", "critic"):
-            raise ValueError(f"value must be 'token' or 'critic', got {self.value!r}")
+        if self.value not in VALUES:
+            raise ValueError(f"value must be one of {', '.join(map(repr, VALUES))}, got {self.value!r}")
         if self.cache not in ("fused", "readable"):
             raise ValueError(f"cache must be 'fused' or 'readable', got {self.cache!r}")
         if not 0 < self.gamma <= 1:
@@ -95,6 +100,14 @@ def critic_planner(**overrides) -> PlannerConfig:
     ranks them; one step ahead, because the critic already values all that follows, and every further step would
     judge the model's imagined, binned observations instead of the real one."""
     return course_planner(**{"value": "critic", "horizon": 1, **overrides})
+
+
+def imitation_planner(**overrides) -> PlannerConfig:
+    """The Trajectory Transformer's imitation mode (the paper's): the model proposes 128 actions, as in the
+    critic planner, and the likeliest of them is taken -- no reward, no value. Meant for a model trained on good
+    data only (`ttlib train --top-percent 25`): it then plays like the best episodes, as %BC does; on mixed data
+    the likeliest action is the mixture's (notebook 06, "without search")."""
+    return course_planner(**{"value": "likelihood", "horizon": 1, **overrides})
 
 
 @dataclass
@@ -334,6 +347,7 @@ class Beams:
     rewards: torch.Tensor  # (rows, H) expected reward of every step
     values: torch.Tensor  # (rows, H) expected value after every step
     states: torch.Tensor  # (rows, obs_dim) the observation the next action is taken in, decoded (critic only)
+    log_likelihood: torch.Tensor  # (rows,) sum of log p of the action bins sampled so far, under the model
 
     def rows(self, index: torch.Tensor) -> Beams:
         return Beams(*(getattr(self, f.name)[index] for f in fields(self)))
@@ -368,7 +382,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
     states = (bin_centers(tokenizer, prefix[:, -O:], slice(0, O)) if critic is not None  # (E, O): the current
               else prefix.new_zeros(E, 0, dtype=torch.float32))  # observation, for the critic; without one, nothing
     beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone(),
-                  states.repeat_interleave(W, 0))
+                  states.repeat_interleave(W, 0), zeros[:, 0].clone())
     row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1) every child's environment key
     rows = (torch.arange(E * W * X, device=device) % (W * X))[:, None]  # (E*W*X, 1) its index in its environment
 
@@ -380,6 +394,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
         action_bins = []
         for a in range(A):  # sample the action, one dimension at a time
             bins = sample_bins(logits, uniforms[:, a], config.top_k_action, config.temperature, config.top_p_action)
+            if config.value == "likelihood":  # under the model's own distribution, not the truncated one
+                beams.log_likelihood += torch.log_softmax(logits, -1).gather(1, bins[:, None])[:, 0]
             beams.append(bins)
             action_bins.append(bins)
             logits = decoder.feed(bins)
@@ -391,7 +407,9 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
         beams.values[:, t] = tokenizer.expectation(value_probs, tokenizer.value_dim)
         rewards_before = beams.discounted_rewards  # (E*W*X,) sum_{k<t} gamma^k E[r_k]
         beams.discounted_rewards = rewards_before + config.gamma**t * beams.rewards[:, t]
-        if critic is None:
+        if config.value == "likelihood":
+            score = beams.log_likelihood.clone()
+        elif critic is None:
             score = beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
         else:  # Q(s_t, a_t) holds r_t and all that follows
             actions = bin_centers(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (E*W*X, A)
