@@ -222,3 +222,23 @@ def test_a_model_trained_on_the_top_percent_sees_only_the_best_episodes():
     assert whole is data and kept == [9 * 60.0, 10 * 60.0, 11 * 60.0] and validation.n_episodes == 1
     with pytest.raises(ttdata.DatasetError, match="at least 2"):
         train.load_and_split(train.TrainConfig(top_percent=5), data, 0.99, progress=False)
+
+
+def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
+    """What the notebooks' result plots draw beside their agents: the shipped %BC played on the plot's seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ttlib import viz
+
+    result = baselines.course_baseline([3, 4, 5])
+    again = baselines.course_baseline([5])
+    assert result.seeds == [3, 4, 5] and result.returns[2] == pytest.approx(again.returns[0], abs=1e-3)
+    assert (result.returns > 200).all(), result.returns  # it lands: 286.3 +- 2.3 on seeds 0-59 (docs/RESULTS.md)
+    fig, ax = plt.subplots()
+    line = viz.baseline_line(ax, result.returns)
+    assert line.get_ydata()[0] == pytest.approx(result.returns.mean())
+    assert line.get_label().startswith("%BC, best 25% (notebook 00): ")
+    plt.close(fig)

@@ -30,10 +30,11 @@ from . import validate
 from .files import atomic_path
 
 __all__ = ["PolicyConfig", "MLPPolicy", "BaselineError", "best_episodes", "fit_policy", "train_policy",
-           "awr_weights", "evaluate", "save_policy", "load_policy", "KINDS"]
+           "awr_weights", "evaluate", "save_policy", "load_policy", "course_baseline", "KINDS"]
 
 KINDS = ("bc", "iql")  # --model names: behaviour cloning (all or the best k% of episodes), IQL's AWR policy
 POLICY_KIND = "policy"  # a checkpoint's kind
+COURSE_BASELINE = "pbc_lunarlander.pt"  # shipped: %BC on the best 25% of the course dataset (docs/DATASETS.md)
 
 
 class BaselineError(ValueError):
@@ -249,3 +250,14 @@ def load_policy(path: str) -> tuple[MLPPolicy, PolicyConfig, dict]:
     policy = MLPPolicy(shape["obs_dim"], shape["act_dim"], shape["hidden"], shape["layers"])
     load_weights(policy, payload["model"], source=path)
     return policy.eval(), PolicyConfig(**payload["policy_config"]), payload
+
+
+def course_baseline(seeds, max_steps: int | None = None, progress: bool = False):
+    """The shipped %BC (best 25% of the course dataset, `ttlib train --model bc --top-percent 25`) played on
+    `seeds` in the course dataset's environment: the baseline the notebooks' result plots draw beside their agents
+    (`viz.baseline_line`), measured on the plot's own seeds. A second or two for 60 episodes."""
+    from .train import default_checkpoint
+
+    policy, _, payload = load_policy(default_checkpoint(COURSE_BASELINE))
+    info = payload["dataset"]
+    return evaluate(policy, info["env_id"], seeds, info["env_kwargs"], max_steps=max_steps, progress=progress)
