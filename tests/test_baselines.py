@@ -201,9 +201,10 @@ def test_train_and_evaluate_a_baseline_from_the_command_line(minari_root, tmp_pa
     (["evaluate", "--model", "iql", "--workers", "2"], "leave out --workers"),
     (["evaluate", "--model", "bc", "--top-percent", "0"], "top_percent must be a percentage in (0, 100]"),
     (["evaluate", "--top-percent", "25"], "are for the baselines (--model bc or iql)"),
+    (["evaluate", "--model", "bc", "--beta", "3"], "--beta weighs IQL's advantages"),
     (["evaluate", "--model", "iql", "--dataset", ttdata.HALFCHEETAH_DATASET], "give --critic CKPT"),
     (["train", "--model", "bc", "--n-layer", "2", "--out", "x.pt"], "--model bc has no option --n-layer"),
-    (["train", "--critic", "x.pt", "--out", "x.pt"], "--critic is for --model iql"),
+    (["train", "--critic", "x.pt", "--out", "x.pt"], "--critic and --beta are for --model iql"),
 ])
 def test_baseline_options_explain_bad_input(args, message, minari_root):
     result = ttlib(*args)

@@ -21,6 +21,8 @@ def add_baseline_options(p, evaluate: bool) -> None:
     """The options the baselines add to `ttlib train` (evaluate=False) or `ttlib evaluate`."""
     p.add_argument("--critic", default=None, help="iql: a checkpoint holding the critic to extract the policy "
                    "from (`ttlib train-critic`; default: the shipped checkpoint's, for the course dataset)")
+    p.add_argument("--beta", type=float, default=None, help="iql: inverse temperature of the advantage weights "
+                   "(default 1.0)")
     if evaluate:  # `ttlib train` has --top-percent and --dataset already (train.RunConfig)
         p.add_argument("--top-percent", type=float, default=None, help="bc, iql: learn from the best PERCENT of "
                        "the episodes by return (default 100: all; %%BC: e.g. 25)")
@@ -31,9 +33,13 @@ def add_baseline_options(p, evaluate: bool) -> None:
 
 
 def _config(kind: str, args, steps=None, seed: int = 0):
-    from .baselines import PolicyConfig
+    from .baselines import BaselineError, PolicyConfig
 
     config = PolicyConfig(kind=kind, seed=seed, top_percent=100.0 if args.top_percent is None else args.top_percent)
+    if args.beta is not None:
+        if kind != "iql":
+            raise BaselineError("--beta weighs IQL's advantages: it is for --model iql")
+        config.beta = args.beta
     if steps is not None:
         config.steps = steps
     config.validate()
@@ -104,11 +110,11 @@ def check_evaluate_args(args) -> None:
         if given:
             raise ValueError(f"--model {args.model} acts without planning, in one process: leave out "
                              f"{', '.join(given)}")
-        if args.checkpoint and (args.dataset or args.top_percent is not None or args.critic):
-            raise ValueError("--dataset, --top-percent and --critic say how to train a baseline; a --checkpoint "
-                             "holds one trained already")
-    elif any(v is not None for v in (args.top_percent, args.critic, args.dataset)):
-        raise ValueError("--top-percent, --critic and --dataset are for the baselines (--model bc or iql)")
+        if args.checkpoint and any(v is not None for v in (args.dataset, args.top_percent, args.critic, args.beta)):
+            raise ValueError("--dataset, --top-percent, --critic and --beta say how to train a baseline; a "
+                             "--checkpoint holds one trained already")
+    elif any(v is not None for v in (args.top_percent, args.critic, args.dataset, args.beta)):
+        raise ValueError("--top-percent, --critic, --beta and --dataset are for the baselines (--model bc or iql)")
 
 
 def cmd_evaluate_policy(args) -> None:

@@ -12,8 +12,9 @@ def _cmd_train(args):
         return _cmd_train_dt(args)
     if args.model in ("bc", "iql"):
         return _cmd_train_baseline(args)
-    if args.critic is not None:
-        raise ValueError("--critic is for --model iql (a TT checkpoint gets its critic from `ttlib train-critic`)")
+    if args.critic is not None or args.beta is not None:
+        raise ValueError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
+                         "train-critic`)")
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
         raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = _given_settings(args, TrainConfig)
