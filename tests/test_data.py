@@ -230,7 +230,7 @@ def test_unknown_ttlib_id(minari_root):
         with pytest.raises(DatasetError, match="unknown ttlib dataset.*buildable ids") as error:
             call()
         assert LANDER in one_line(error) and CHEETAH in one_line(error)
-    assert data.buildable() == [LANDER, CHEETAH]
+    assert data.buildable() == [LANDER, data.NO_EXPERT_DATASET, CHEETAH]
     with pytest.raises(DatasetError, match="malformed dataset id"):
         data.load("no version here")
 

@@ -28,7 +28,7 @@ ROWS = [
     ("%BC, best 10%", "| %BC, best 10%", "tab:olive"),
     ("IQL's policy (AWR)", "| IQL's policy", "tab:cyan"),
     ("TT, critic planner", "| Trajectory Transformer, critic planner", "tab:purple"),
-    ("TT, imitation mode", "| Trajectory Transformer, imitation", "tab:pink"),
+    ("TT, imitation mode (seeds 0-19)", "| Trajectory Transformer, imitation", "tab:pink"),
     ("Decision Transformer", "| Decision Transformer", "tab:green"),
 ]
 NUMBER = re.compile(r"(-?\d+\.\d+)(?: \+- (\d+\.\d+))?")

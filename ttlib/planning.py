@@ -105,8 +105,9 @@ def critic_planner(**overrides) -> PlannerConfig:
 def imitation_planner(**overrides) -> PlannerConfig:
     """The Trajectory Transformer's imitation mode (the paper's): the model proposes 128 actions, as in the
     critic planner, and the likeliest of them is taken -- no reward, no value. Meant for a model trained on good
-    data only (`ttlib train --top-percent 25`): it then plays like the best episodes, as %BC does; on mixed data
-    the likeliest action is the mixture's (notebook 06, "without search")."""
+    data only (`ttlib train --top-percent 25`), which it then copies as %BC does -- as far as the model's actions
+    are accurate: at the course's training budgets they are not yet (docs/RESULTS.md). On mixed data the likeliest
+    action is the mixture's (notebook 06, "without search")."""
     return course_planner(**{"value": "likelihood", "horizon": 1, **overrides})
 
 
