@@ -243,3 +243,19 @@ def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
     assert line.get_ydata()[0] == pytest.approx(result.returns.mean())
     assert line.get_label().startswith("%BC, best 25% (notebook 00): ")
     plt.close(fig)
+
+
+def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
+    """`ttlib evaluate` on a checkpoint trained with --top-percent plays the imitation planner unless told
+    otherwise; a checkpoint with a critic plans with the critic; --value chooses."""
+    from ttlib.cli import build_parser
+    from ttlib.cli_evaluate import _planner_from
+
+    def planner(*flags, top_percent=100.0, critic=None):
+        args = build_parser().parse_args(["evaluate", *flags])
+        return _planner_from(args, critic, {"train_config": {"top_percent": top_percent}})
+
+    assert planner(top_percent=25.0).value == "likelihood" and planner().value == "token"
+    assert planner(top_percent=25.0, critic=object()).value == "critic"
+    assert planner("--value", "token", top_percent=25.0).value == "token"
+    assert planner("--value", "likelihood", "--beam-width", "8").beam_width == 8
