@@ -127,6 +127,40 @@ def test_full_default_build(full_lander):
     assert "expert" in d.summary() and "reference scores" in d.summary()
 
 
+def test_no_expert_build_holds_a_late_pilot_and_random_flying(minari_root):
+    d = data.load(data.NO_EXPERT_DATASET, progress=False)  # built offline on first use, like the course's
+    print(f"\n{d.summary()}")
+    returns, labels = d.returns(), np.array(d.behaviour)
+    assert d.n_episodes == 420 and list(dict.fromkeys(d.behaviour)) == ["pilot", "random"]
+    assert (labels == "pilot").sum() == 210
+    pilot = np.sort(returns[labels == "pilot"])[::-1]
+    # the dataset's claim: its best episodes stay well short of the expert's reference score (the course's)
+    assert pilot[:21].mean() < d.ref_max_score - 100 and pilot.max() < d.ref_max_score
+    assert returns[labels == "random"].mean() < pilot.mean()
+
+
+def test_the_pilot_acts_on_what_it_saw_steps_before():
+    from gymnasium.envs.box2d.lunar_lander import heuristic
+
+    from ttlib.datasets_build import _lander_policy
+
+    env = gym.make("LunarLanderContinuous-v3")
+    env.reset(seed=0)
+    rng = np.random.default_rng(7)
+    twin = np.random.default_rng(7)  # replays the pilot's draws: its reaction time and noise scale, then per step
+    delay, noise = int(twin.integers(4, 9)), twin.uniform(0.4, 0.8)
+    act = _lander_policy("pilot", env.unwrapped, rng)
+    seen = [np.random.default_rng(i).normal(size=8).astype(np.float32) * 0.3 for i in range(30)]
+    for t, obs in enumerate(seen):
+        action = act(obs)
+        if twin.random() < 0.1:  # one action in ten is random
+            np.testing.assert_array_equal(action, twin.uniform(-1, 1, size=2))
+            continue
+        late = seen[max(0, t - delay)]
+        np.testing.assert_allclose(action, heuristic(env.unwrapped, late) + noise * twin.standard_normal(2))
+    env.close()
+
+
 def test_halfcheetah_shapes(minari_root):
     d = data.load(CHEETAH, progress=False)  # built on first use
     assert (d.obs_dim, d.act_dim, d.n_episodes, d.n_steps) == (17, 6, 20, 4000)
@@ -196,7 +230,7 @@ def test_unknown_ttlib_id(minari_root):
         with pytest.raises(DatasetError, match="unknown ttlib dataset.*buildable ids") as error:
             call()
         assert LANDER in one_line(error) and CHEETAH in one_line(error)
-    assert data.buildable() == [LANDER, CHEETAH]
+    assert data.buildable() == [LANDER, data.NO_EXPERT_DATASET, CHEETAH]
     with pytest.raises(DatasetError, match="malformed dataset id"):
         data.load("no version here")
 

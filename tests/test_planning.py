@@ -288,3 +288,24 @@ def test_score_actions_gives_every_child_of_a_one_step_search_its_score():
     assert not torch.allclose(other, score)
     torch.testing.assert_close(planning.score_actions(model, tok, prefix, -plan.actions[:, 0], 0.9, use_cache=False),
                                other)
+
+
+@pytest.mark.parametrize("horizon", [1, 2])
+def test_the_imitation_planner_takes_the_likeliest_of_its_proposals(horizon):
+    """value="likelihood": a plan's score is the log-probability the model gives its action bins (under the full
+    distribution, not the top-k one they were sampled from), and the plan kept is the likeliest proposal."""
+    model, tok = tiny(seed=5)
+    A = model.config.act_dim
+    prefix = prefix_for(model, 2, 2)
+    config = planning.imitation_planner(beam_width=4, sample_expand=3, context=2, top_k_action=5, horizon=horizon)
+    trace = []
+    plan = beam_plan(model, tok, prefix, torch.tensor([1, 2]), config, trace=trace)
+    logits = planning.logits_along(model, prefix, plan.bins)  # (2, n, N)
+    step = A + 2 + model.config.obs_dim
+    actions = [j for j in range(plan.bins.shape[1]) if j % step < A]  # the action tokens of every step
+    log_p = torch.log_softmax(logits, -1).gather(2, plan.bins[:, :, None])[:, actions, 0].sum(1)
+    torch.testing.assert_close(plan.score, log_p.float(), atol=1e-6, rtol=0)
+    if horizon == 1:  # every proposal was one action: the plan is the likeliest of the 12 per environment
+        assert torch.equal(plan.score, trace[0][0].view(2, -1).max(dim=1).values.float())
+    with pytest.raises(ValueError, match="value must be one of 'token', 'critic', 'likelihood'"):
+        beam_plan(model, tok, prefix, torch.tensor([1, 2]), PlannerConfig(value="nope", context=2))

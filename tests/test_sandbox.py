@@ -39,9 +39,10 @@ def mode(request, monkeypatch):
     return request.param
 
 
-def python(code: str, limits: sandbox.Limits | None = None, **kw) -> sandbox.Result:
-    """Run Python `code` in a sandbox; the marker is in its command line (and its children's, by convention)."""
-    return sandbox.run([sys.executable, "-c", textwrap.dedent(code), MARK], limits or sandbox.Limits(), **kw)
+def python(code: str, limits: sandbox.Limits | None = None, mark: str = MARK, **kw) -> sandbox.Result:
+    """Run Python `code` in a sandbox; the marker is in its command line (and its children's, by convention). A
+    test file of its own passes its own mark: files run side by side (pytest -n) must not see each other's."""
+    return sandbox.run([sys.executable, "-c", textwrap.dedent(code), mark], limits or sandbox.Limits(), **kw)
 
 
 def marked(mark: str = MARK, in_environment: re.Pattern | None = None) -> list[int]:
@@ -67,11 +68,11 @@ def marked(mark: str = MARK, in_environment: re.Pattern | None = None) -> list[i
     return out
 
 
-def gone_soon(seconds=3.0) -> list[int]:
+def gone_soon(seconds=3.0, mark: str = MARK) -> list[int]:
     deadline = time.monotonic() + seconds
-    while marked() and time.monotonic() < deadline:
+    while marked(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return marked()
+    return marked(mark)
 
 
 # ---- files ----------------------------------------------------------------------------------------------------------
@@ -374,12 +375,12 @@ def test_without_any_sandbox_the_command_runs_as_is_and_is_still_measured(monkey
 
 
 def test_grading_warns_once_per_run_about_what_does_not_hold(monkeypatch, caplog):
-    from ttlib.grading.execute import _WARNED, BoundedExecute
+    from ttlib.grading.execute import _WARNED, BoundedExecute, budgets
 
     monkeypatch.setenv("TTLIB_SANDBOX_DISABLE", "landlock,namespaces")
     monkeypatch.setattr("ttlib.grading.execute._WARNED", set())
     executor = BoundedExecute()
-    executor._memory_bytes = 2**30
+    executor._budgets = budgets(executor)  # what preprocess() sets before a kernel starts
     caplog.set_level(logging.WARNING)
     executor.log = logging.getLogger("grading")
     for _ in range(3):

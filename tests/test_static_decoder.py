@@ -192,6 +192,9 @@ def test_the_static_search_says_what_it_cannot_do():
     assert planning.static_search(PlannerConfig(cache="static", cuda_graphs=False), cuda, kept=False)  # asked for
     assert planning.static_search(PlannerConfig(), cpu) == (planning.AUTO_ON_CPU == "static")
     assert not planning.static_search(PlannerConfig(use_cache=False), cuda)
+    assert not planning.static_search(PlannerConfig(value="likelihood"), cuda)  # the imitation mode: fused
+    with pytest.raises(ValueError, match="for a critic, the likelihood or a search tree"):
+        planning.static_search(PlannerConfig(value="likelihood", cache="static"), cuda)
 
 
 def test_a_step_that_cannot_be_compiled_says_why_and_runs_as_written():

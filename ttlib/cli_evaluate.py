@@ -1,11 +1,13 @@
 """`ttlib evaluate`: a checkpoint (Trajectory GPT or Decision Transformer) played in its dataset's environment,
-in one process or over Ray workers, with the planner its options ask for."""
+in one process or over Ray workers, with the planner its options ask for; or a baseline (--model bc, iql:
+ttlib.cli_baselines)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 
+from .cli_baselines import add_baseline_options
 from .cli_train import which_arg
 
 
@@ -46,14 +48,16 @@ def _cmd_evaluate_dt(args):
     print(f"dataset mean return {info['mean_return']:.1f}, scripted expert {report['expert_mean_return']}")
 
 
-def _is_dt(args) -> bool:
-    """Evaluate a Decision Transformer? --model says so, else the checkpoint's kind does."""
+def _agent_of(args) -> str:
+    """tt, dt, bc or iql: --model says so, else the checkpoint's kind does (tt without either)."""
     from .checkpoints import read_checkpoint
 
-    if args.model is not None:
-        return args.model == "dt"
-    return args.checkpoint is not None and read_checkpoint(args.checkpoint, kind=None).get("kind") == \
-        "decision-transformer"
+    if args.model is not None or args.checkpoint is None:
+        return args.model or "tt"
+    payload = read_checkpoint(args.checkpoint, kind=None)
+    if payload.get("kind") == "policy":
+        return payload["policy_config"]["kind"]
+    return "dt" if payload.get("kind") == "decision-transformer" else "tt"
 
 
 def _env_for(args, info: dict) -> tuple[str, dict]:
@@ -77,12 +81,15 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     return env_id, env_kwargs
 
 
-def _planner_from(args, critic):
+def _planner_from(args, critic, payload: dict | None = None):
     """The planner the options ask for: `critic_planner()` when scoring with the checkpoint's critic (--value
-    critic, the default when it has one), else `course_planner()`; options given override single fields."""
-    from .planning import course_planner, critic_planner
+    critic, the default when it has one), `imitation_planner()` for --value likelihood (the default for a model
+    trained on the best episodes only, --top-percent), else `course_planner()`; options given override single
+    fields."""
+    from .planning import course_planner, critic_planner, imitation_planner
 
-    value = args.value or ("critic" if critic is not None else "token")
+    imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
+    value = args.value or ("critic" if critic is not None else "likelihood" if imitates else "token")
     if value == "critic" and critic is None:
         raise ValueError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
                          "--checkpoint PATH`, or plan with --value token")
@@ -91,7 +98,8 @@ def _planner_from(args, critic):
     overrides = {name: value for name, value in given.items() if value is not None}
     if overrides.get("top_k_action") == 0:
         overrides["top_k_action"] = None  # --top-k 0: all bins
-    return (critic_planner if value == "critic" else course_planner)(**overrides)
+    planner = {"critic": critic_planner, "likelihood": imitation_planner, "token": course_planner}[value]
+    return planner(**overrides)
 
 
 def _check_distributed_args(args):
@@ -117,7 +125,13 @@ def _cmd_evaluate(args):
     from .rollout import check_episodes, evaluate, save_video
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
-    if _is_dt(args):
+    from .cli_baselines import BASELINES, check_evaluate_args, cmd_evaluate_policy
+
+    args.model = _agent_of(args)
+    check_evaluate_args(args)
+    if args.model in BASELINES:
+        return cmd_evaluate_policy(args, _env_for)
+    if args.model == "dt":
         if args.workers is not None:
             raise ValueError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
                              "acts in milliseconds, so evaluate it in one process (leave out --workers)")
@@ -128,7 +142,7 @@ def _cmd_evaluate(args):
     path = args.checkpoint or default_checkpoint()
     model, tokenizer, payload = load_checkpoint(path, device=args.device, which=args.which)
     critic = load_critic(path, device=args.device, payload=payload)
-    planner = _planner_from(args, critic)
+    planner = _planner_from(args, critic, payload)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))
@@ -190,22 +204,26 @@ def add_evaluate(sub) -> None:
     which_arg(p, "the checkpoint's model to play")
     p.add_argument("--video", help="save the first episode as a GIF/MP4 here")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--model", choices=["tt", "dt"], default=None, help="default: the checkpoint's kind (tt if none)")
+    p.add_argument("--model", choices=["tt", "dt", "bc", "iql"], default=None, help="the agent: the Trajectory "
+                   "Transformer, the Decision Transformer, behaviour cloning (with --top-percent: %%BC) or IQL's "
+                   "policy (default: the checkpoint's kind; tt if none)")
     p.add_argument("--target-return", type=float, default=None, help="dt only: the return to ask for "
                    "(default: the dataset's expert reference score)")
+    add_baseline_options(p, evaluate=True)
     p.set_defaults(func=_cmd_evaluate)
 
 
 def _planner_args(p):
-    from .planning import course_planner, critic_planner
+    from .planning import VALUES, course_planner, critic_planner
 
     t, c = course_planner(), critic_planner()
 
     def default(name: str) -> str:
         return f"default {getattr(c, name)} with the critic, {getattr(t, name)} with the value token"
 
-    p.add_argument("--value", choices=["token", "critic"], default=None, help="what scores plans: the "
-                   "checkpoint's Q critic (the default when it has one) or the model's value token")
+    p.add_argument("--value", choices=list(VALUES), default=None, help="what scores plans: the checkpoint's Q "
+                   "critic (the default when it has one), the model's value token, or the likelihood of the plan's "
+                   "actions (imitation: the default for a model trained with --top-percent)")
     p.add_argument("--beam-width", type=int, default=None, help=default("beam_width"))
     p.add_argument("--horizon", type=int, default=None, help=default("horizon"))
     p.add_argument("--expand", type=int, default=None, help=default("sample_expand"))

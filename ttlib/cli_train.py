@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .cli_baselines import add_baseline_options
+
 
 def _cmd_train(args):
     from .train import TrainConfig, train
@@ -11,6 +13,11 @@ def _cmd_train(args):
             raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
                              "process (leave them out with --model dt)")
         return _cmd_train_dt(args)
+    if args.model in ("bc", "iql"):
+        return _cmd_train_baseline(args)
+    if args.critic is not None or args.beta is not None:
+        raise ValueError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
+                         "train-critic`)")
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
         raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = _given_settings(args, TrainConfig)
@@ -84,6 +91,19 @@ def _cmd_train_dt(args):
              f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f} at the last step", config)
 
 
+def _cmd_train_baseline(args):
+    from .cli_baselines import cmd_train_policy
+    from .train import TrainConfig
+
+    given = set(_given_settings(args, TrainConfig)) - {"dataset", "steps", "seed", "top_percent"}
+    given |= {n for n in ("context", "rtg_scale", "max_timestep") if getattr(args, n) is not None}
+    if given:
+        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
+        raise ValueError(f"--model {args.model} has no option {options}: its options are --dataset, --steps, "
+                         "--seed, --top-percent and (iql) --critic")
+    cmd_train_policy(args)
+
+
 def add_train(sub) -> None:
     from .train import TrainConfig
 
@@ -92,7 +112,8 @@ def add_train(sub) -> None:
     p.add_argument("--resume", help="continue from this checkpoint")
     p.add_argument("--export", help="also write a slim copy (one model, no optimiser state) here")
     which_arg(p, "the model --export copies")
-    p.add_argument("--model", choices=["tt", "dt"], default="tt", help="Trajectory GPT or Decision Transformer")
+    p.add_argument("--model", choices=["tt", "dt", "bc", "iql"], default="tt", help="Trajectory GPT, Decision "
+                   "Transformer, or a baseline: behaviour cloning (%%BC with --top-percent) or IQL's policy")
     p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
     p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
     p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
@@ -105,12 +126,15 @@ def add_train(sub) -> None:
     explain = {"early_stop": "stop after this many evaluations in a row more than 1%% above the best validation "
                              "loss (default 0: never)",
                "steps": "default: fitted to the dataset's size (said when training starts); --model dt: 1000",
-               "eval_every": "default: fitted to the dataset's size; --model dt: 250"}
+               "eval_every": "default: fitted to the dataset's size; --model dt: 250",
+               "top_percent": "learn from the best PERCENT of the episodes by return (default 100: all); with "
+                              "--model bc it makes %%BC, with tt a model for the imitation planner"}
     for name, default in TrainConfig().settings().items():  # the model's settings among them (--n-layer, ...)
         fitted = default is None  # left to the data (train.fit_recipe)
         default_is = "default: fitted to the dataset's size" if fitted else f"default {default}"
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if fitted else type(default), default=None,
                        help=explain.get(name, default_is))
+    add_baseline_options(p, evaluate=False)
     p.set_defaults(func=_cmd_train)
 
 

@@ -24,10 +24,11 @@ from minari.dataset.minari_dataset import parse_dataset_id
 
 from . import datasets_build, minari_io
 from .datasets_build import build, buildable
-from .minari_io import DEFAULT_DATASET, HALFCHEETAH_DATASET, DatasetError, list_broken, list_local
+from .minari_io import DEFAULT_DATASET, HALFCHEETAH_DATASET, NO_EXPERT_DATASET, DatasetError, list_broken, list_local
 
-__all__ = ["DEFAULT_DATASET", "HALFCHEETAH_DATASET", "DatasetError", "OfflineDataset", "build", "buildable",
-           "discounted_values", "list_broken", "list_local", "load", "make_windows", "split_episodes", "subset"]
+__all__ = ["DEFAULT_DATASET", "HALFCHEETAH_DATASET", "NO_EXPERT_DATASET", "DatasetError", "OfflineDataset", "build",
+           "buildable", "discounted_values", "list_broken", "list_local", "load", "make_windows", "split_episodes",
+           "subset"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,8 +147,8 @@ class OfflineDataset:
 def load(
     dataset_id: str = DEFAULT_DATASET, gamma: float = 0.99, download: bool = True, progress: bool = True
 ) -> OfflineDataset:
-    """One loader for every id. Ours (DEFAULT_DATASET, HALFCHEETAH_DATASET) are built on first use when
-    missing (with a tqdm bar), never downloaded. Any other id that exists locally is loaded with
+    """One loader for every id. Ours (DEFAULT_DATASET, NO_EXPERT_DATASET, HALFCHEETAH_DATASET) are built on first
+    use when missing (with a tqdm bar), never downloaded. Any other id that exists locally is loaded with
     minari.load_dataset. A remote id such as "mujoco/halfcheetah/medium-v0" is downloaded by Minari when
     download=True.
 

@@ -2,6 +2,8 @@
 
 The course dataset comes from LunarLanderContinuous and gymnasium's scripted lander with more or less noise on
 top. Its quality is *mixed* on purpose: a planner that models the data well can then beat the data's average.
+Its sibling without the expert (like D4RL's medium-replay) holds only a late, shaky pilot and random flying: no
+episode in it is an expert's, and copying its best episodes cannot become one (see `_lander_policy`).
 A build writes into a hidden temporary folder next to the final one and renames it into place at the end, so a
 crash never leaves a half-written dataset behind under a loadable name; folders left by crashed builds are
 removed by the next build.
@@ -27,6 +29,7 @@ from tqdm.auto import tqdm
 from .minari_io import (
     DEFAULT_DATASET,
     HALFCHEETAH_DATASET,
+    NO_EXPERT_DATASET,
     OWN_DATASETS,
     DatasetError,
     dataset_path,
@@ -47,7 +50,14 @@ Policy = Callable[[np.ndarray], np.ndarray]
 def _lander_policy(behaviour: str, env: gym.Env, rng: np.random.Generator) -> Policy:
     """gymnasium's scripted lander with action noise: 'heuristic' none, 'expert' a little, 'noisy' a lot,
     'random' only uniform actions. A noisy episode draws its own Gaussian noise scale and its own rate of
-    uniformly random actions, so noisy returns spread from about random's to about the expert's."""
+    uniformly random actions, so noisy returns spread from about random's to about the expert's.
+
+    'pilot' (the dataset without the expert) is a late, shaky pilot: it flies the scripted lander on what it saw
+    4 to 8 steps before (its reaction time, drawn per episode), with Gaussian noise of std 0.4 to 0.8 and one
+    random action in ten. Noise alone would not do: it is zero-mean at every state, so behaviour cloning averages
+    it away and recovers the expert from noisy data (`ttlib.baselines`; docs/DATASETS.md has the figures). A
+    reaction time is not zero-mean: the data's average action at a state answers an earlier state, so copying
+    the data cannot undo it, while the noise still puts better actions than the pilot's own in the data."""
     from gymnasium.envs.box2d.lunar_lander import heuristic
 
     low, high = env.action_space.low, env.action_space.high
@@ -56,11 +66,16 @@ def _lander_policy(behaviour: str, env: gym.Env, rng: np.random.Generator) -> Po
     )
     if behaviour == "noisy":
         noise, epsilon = rng.uniform(0.2, 1.0), rng.uniform(0.0, 0.3)
+    delay, seen = 0, []
+    if behaviour == "pilot":
+        delay, noise, epsilon = int(rng.integers(4, 9)), rng.uniform(0.4, 0.8), 0.1
 
     def act(obs: np.ndarray) -> np.ndarray:
+        seen.append(obs)
         if rng.random() < epsilon:
             return rng.uniform(low, high)  # (2,)
-        return heuristic(env, obs) + noise * rng.standard_normal(low.shape)  # (2,)
+        reacts_to = seen[max(0, len(seen) - 1 - delay)]  # the observation `delay` steps ago (the first, early on)
+        return heuristic(env, reacts_to) + noise * rng.standard_normal(low.shape)  # (2,)
 
     return act
 
@@ -113,6 +128,19 @@ _RECIPES = {
         description="LunarLanderContinuous, mixed quality: a third each of gymnasium's heuristic lander "
         "with tiny action noise (expert), with heavy Gaussian and epsilon-random noise (noisy), and uniform "
         "random actions (random). Per-step behaviour label in infos['behaviour'].",
+    ),
+    NO_EXPERT_DATASET: _Recipe(
+        env_id="LunarLanderContinuous-v3",
+        max_episode_steps=None,
+        n_episodes=420,
+        behaviours=("pilot", "random"),
+        make_policy=_lander_policy,
+        reference=("random", "heuristic"),  # the course dataset's references: normalized scores compare
+        reference_episodes=50,
+        description="LunarLanderContinuous without an expert (like D4RL's medium-replay): half of the episodes "
+        "by a late, shaky pilot (gymnasium's heuristic lander acting on the observation of 4-8 steps before, with "
+        "heavy Gaussian and epsilon-random noise), half by uniform random actions. Per-step behaviour label in "
+        "infos['behaviour'].",
     ),
     HALFCHEETAH_DATASET: _Recipe(
         env_id="HalfCheetah-v5",

@@ -22,8 +22,10 @@ import numpy as np
 from minari.storage import get_dataset_path
 
 DEFAULT_DATASET = "ttlib/lunarlander/mixed-v0"  # the course dataset, built locally, offline
+NO_EXPERT_DATASET = "ttlib/lunarlander/no-expert-v0"  # the same lander without the expert: a late pilot and random
 HALFCHEETAH_DATASET = "ttlib/halfcheetah/scripted-v0"  # small MuJoCo-shaped dataset (obs 17, act 6), offline
-OWN_DATASETS = (DEFAULT_DATASET, HALFCHEETAH_DATASET)  # built by ttlib (datasets_build): a broken one is rebuilt
+# built by ttlib (datasets_build): a broken one is rebuilt
+OWN_DATASETS = (DEFAULT_DATASET, NO_EXPERT_DATASET, HALFCHEETAH_DATASET)
 
 REBUILD_HINT = "rebuild it with `ttlib make-dataset --force` (or ttlib.data.build({id!r}, force=True))"
 

@@ -10,6 +10,8 @@ ones it believes pay off best:
                  sum_k gamma^k E[r_k] + gamma^(t+1) E[V_t]   (rewards so far + the value of what follows)
                  or, with a critic (`value="critic"`, see `critic.py`), by
                  sum_{k<t} gamma^k E[r_k] + gamma^t Q(s_t, a_t)   (rewards so far + the critic's value of the action)
+                 or, imitating (`value="likelihood"`, the paper's imitation mode), by
+                 sum_k log p(a_k)   (how likely the model finds the plan's actions: no reward at all)
         select:  keep the best `beam_width` children per environment
         observe: decode the next observation greedily (top-1): the model's most likely outcome
 
@@ -43,6 +45,7 @@ __all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_scor
 
 CACHES = ("auto", "fused", "readable", "static")  # PlannerConfig.cache (see static_search for "auto")
 AUTO_ON_CPU = "fused"  # measured: `ttlib bench planning` times both side by side (docs/RESULTS.md, "Speed")
+VALUES = ("token", "critic", "likelihood")  # what can score a plan (PlannerConfig.value)
 
 
 @dataclass
@@ -56,7 +59,8 @@ class PlannerConfig:
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
     value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
-    value: str = "token"  # what values a plan's end: "token" (the model's value token) or "critic" (a Q critic)
+    value: str = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
+    #                       "likelihood" (the log-probability of its actions: imitation, for a model of good data)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
     cache: str = "auto"  # with use_cache: "fused" (fast_decoder.FusedDecoder), "readable" (CachedDecoder), "static"
     # (static_decoder: the whole search with static shapes) or "auto": static on a GPU planning again and again
@@ -77,8 +81,8 @@ class PlannerConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.value_weight < 0:
             raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
-        if self.value not in ("token", "critic"):
-            raise ValueError(f"value must be 'token' or 'critic', got {self.value!r}")
+        if self.value not in VALUES:
+            raise ValueError(f"value must be one of {', '.join(map(repr, VALUES))}, got {self.value!r}")
         if self.cache not in CACHES:
             raise ValueError(f"cache must be one of {', '.join(map(repr, CACHES))}, got {self.cache!r}")
         if not 0 < self.gamma <= 1:
@@ -109,6 +113,15 @@ def critic_planner(**overrides) -> PlannerConfig:
     ranks them; one step ahead, because the critic already values all that follows, and every further step would
     judge the model's imagined, binned observations instead of the real one."""
     return course_planner(**{"value": "critic", "horizon": 1, **overrides})
+
+
+def imitation_planner(**overrides) -> PlannerConfig:
+    """The Trajectory Transformer's imitation mode (the paper's): the model proposes 128 actions, as in the
+    critic planner, and the likeliest of them is taken -- no reward, no value. Meant for a model trained on good
+    data only (`ttlib train --top-percent 25`), which it then copies as %BC does -- as far as the model's actions
+    are accurate: at the course's training budgets they are not yet (docs/RESULTS.md). On mixed data the likeliest
+    action is the mixture's (notebook 06, "without search")."""
+    return course_planner(**{"value": "likelihood", "horizon": 1, **overrides})
 
 
 # ---- decoders: where the next token's logits come from ------------------------------------------------------
@@ -178,14 +191,15 @@ def decoder_for(use_cache: bool, cache: str = "fused"):
 def static_search(config: PlannerConfig, device: torch.device, trace=None, critic=None, kept: bool = True) -> bool:
     """Whether beam_plan runs `static_decoder`'s search: asked for, or "auto" on CUDA with buffers kept from plan to
     plan (kept: the graphs recorded once are replayed; a single plan would only pay for recording them), or on a
-    CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with either, it says
-    so."""
-    if config.cache == "static" and config.use_cache and (critic is not None or trace is not None):
+    CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with a critic, the
+    likelihood or a trace, it says so ("auto" then takes the fused decoder)."""
+    other = critic is not None or trace is not None or config.value == "likelihood"
+    if config.cache == "static" and config.use_cache and other:
         raise ValueError("the static search (cache='static') scores with the value token and keeps no trace: plan "
-                         "with cache='fused' for a critic or a search tree")
+                         "with cache='fused' for a critic, the likelihood or a search tree")
     on_cuda = kept and config.cuda_graphs
     auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
-    return config.use_cache and (config.cache == "static" or auto) and critic is None and trace is None
+    return config.use_cache and (config.cache == "static" or auto) and not other
 
 
 def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True,
@@ -295,6 +309,7 @@ class Beams:
     rewards: torch.Tensor  # (rows, H) expected reward of every step
     values: torch.Tensor  # (rows, H) expected value after every step
     states: torch.Tensor  # (rows, obs_dim) the observation the next action is taken in, decoded (critic only)
+    log_likelihood: torch.Tensor  # (rows,) sum of log p of the action bins sampled so far, under the model
 
     def rows(self, index: torch.Tensor) -> Beams:
         return Beams(*(getattr(self, f.name)[index] for f in fields(self)))
@@ -311,6 +326,18 @@ def bin_centers(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, dims: slice)
     device: `tokenizer.decode` without leaving torch."""
     centers = torch.as_tensor(tokenizer.centers[dims], dtype=torch.float32, device=bins.device)  # (n, n_bins)
     return centers.gather(1, bins.T).T
+
+
+def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, action_bins: list, critic):
+    """Every child's score after step t, as `config.value` asks: the log-likelihood of its actions, its discounted
+    rewards and the value token, or the rewards before step t and the critic's Q(s_t, a_t) (which holds r_t)."""
+    if config.value == "likelihood":
+        return beams.log_likelihood.clone()
+    if critic is None:
+        return beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
+    O, A = tokenizer.obs_dim, tokenizer.act_dim
+    actions = bin_centers(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (rows, A)
+    return rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
 
 
 @torch.inference_mode()
@@ -331,7 +358,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
     states = (bin_centers(tokenizer, prefix[:, -O:], slice(0, O)) if critic is not None  # (E, O): the current
               else prefix.new_zeros(E, 0, dtype=torch.float32))  # observation, for the critic; without one, nothing
     beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone(),
-                  states.repeat_interleave(W, 0))
+                  states.repeat_interleave(W, 0), zeros[:, 0].clone())
     row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1) every child's environment key
     rows = (torch.arange(E * W * X, device=device) % (W * X))[:, None]  # (E*W*X, 1) its index in its environment
 
@@ -343,6 +370,8 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
         action_bins = []
         for a in range(A):  # sample the action, one dimension at a time
             bins = sample_bins(logits, uniforms[:, a], config.top_k_action, config.temperature, config.top_p_action)
+            if config.value == "likelihood":  # under the model's own distribution, not the truncated one
+                beams.log_likelihood += torch.log_softmax(logits, -1).gather(1, bins[:, None])[:, 0]
             beams.append(bins)
             action_bins.append(bins)
             logits = decoder.feed(bins)
@@ -354,11 +383,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
         beams.values[:, t] = tokenizer.expectation(value_probs, tokenizer.value_dim)
         rewards_before = beams.discounted_rewards  # (E*W*X,) sum_{k<t} gamma^k E[r_k]
         beams.discounted_rewards = rewards_before + config.gamma**t * beams.rewards[:, t]
-        if critic is None:
-            score = beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
-        else:  # Q(s_t, a_t) holds r_t and all that follows
-            actions = bin_centers(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (E*W*X, A)
-            score = rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
+        score = _children_scores(config, tokenizer, beams, t, rewards_before, action_bins, critic)  # (E*W*X,)
 
         keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
         if trace is not None:

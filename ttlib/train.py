@@ -54,6 +54,7 @@ class RunConfig:
     seed: int = 0  # seeds the split, initial weights and batch order
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
     early_stop: int = 0  # stop after this many evaluations in a row more than TIE above the lowest (0: never)
+    top_percent: float = 100.0  # learn from this percentage of the episodes, the highest returns first (100: all)
 
     def settings(self) -> dict:
         """Every setting in one flat dict, the model's among them: what command-line options and resume checks
@@ -258,11 +259,16 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
 
 
 def load_and_split(config, data: ttdata.OfflineDataset | None, gamma: float, progress: bool):
-    """The dataset (loaded unless given), checked, and split by config.seed -> (data, training, validation)."""
+    """The dataset (loaded unless given), checked, its best config.top_percent of episodes kept and split by
+    config.seed -> (the whole dataset, training, validation)."""
+    from .baselines import best_episodes
+
     data = data if data is not None else ttdata.load(config.dataset, gamma=gamma, progress=progress)
     validate.check_trainable(data)
-    train_eps, val_eps = split_episodes(data, config.val_fraction, config.seed)
-    return data, subset(data, train_eps), subset(data, val_eps)
+    kept = subset(data, best_episodes(data.returns(), config.top_percent)) if config.top_percent < 100 else data
+    validate.check_trainable(kept)
+    train_eps, val_eps = split_episodes(kept, config.val_fraction, config.seed)
+    return data, subset(kept, train_eps), subset(kept, val_eps)
 
 
 @dataclass

@@ -73,6 +73,18 @@ def interactive_plot(draw, **controls):
     return widgets.VBox([row, out])
 
 
+# ---- results -------------------------------------------------------------------------------------------------
+def baseline_line(ax, returns, label: str = "%BC, best 25% (notebook 00)", color: str = "tab:olive"):
+    """The line every result plot of the course draws: a baseline's mean return over the same seeds as the agents
+    in the plot (dash-dotted), with its standard error as a band. `returns`: the baseline's per-episode returns,
+    e.g. `ttlib.baselines.course_baseline(seeds).returns`."""
+    returns = np.asarray(returns, dtype=np.float64)
+    mean = float(returns.mean())
+    error = float(returns.std(ddof=1) / np.sqrt(len(returns))) if len(returns) > 1 else 0.0
+    ax.axhspan(mean - error, mean + error, color=color, alpha=0.15, lw=0)
+    return ax.axhline(mean, color=color, ls="-.", lw=2, label=f"{label}: {mean:.1f}")
+
+
 # ---- tokens and attention -------------------------------------------------------------------------------------
 def token_labels(obs_dim: int, act_dim: int, n_tokens: int) -> list[str]:
     """Names of the first n_tokens of a trajectory: s0..s{O-1}, a0..a{A-1}, r, V, then the next transition's.

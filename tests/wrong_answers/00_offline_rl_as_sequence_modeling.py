@@ -75,4 +75,49 @@ def normalized_score(returns, ref_min, ref_max):
     ("00-returns", "one total for all the episodes",  # no diagnosis: where it differs
      ("np.array([np.sum(r, dtype=np.float64) for r in rewards])", "np.sum([np.sum(r) for r in rewards])"),
      "episode_returns([[1.0, -1.0, -1.0], [-3.0], [-2.0]]) has shape () but should have shape (3,)"),
+    ("00-best-episodes", "ranked by the mean reward per step",
+     ("returns = episode_returns(rewards)", "returns = np.array([np.mean(r) for r in rewards])"),
+     "ranked by their mean reward per step"),
+    ("00-best-episodes", "ranked by the discounted return",
+     ("returns = episode_returns(rewards)",
+      "returns = np.array([np.sum(r * 0.99 ** np.arange(len(r))) for r in rewards])"),
+     "ranked by their discounted return"),
+    ("00-best-episodes", "the worst episodes", ("np.argsort(-returns)", "np.argsort(returns)"),
+     "these are the *worst* episodes"),
+    ("00-best-episodes", "the share rounded down (off by one)",
+     ("max(1, math.ceil(percent / 100 * len(returns)))", "int(percent / 100 * len(returns))"),
+     "one episode too few"),
+    ("00-best-episodes", "one episode too many (off by one)", ("[:keep]", "[:keep + 1]"), "one episode too many"),
+    ("00-best-episodes", "percent taken as a fraction", ("percent / 100 * len", "percent * len"),
+     "percent is used as a fraction"),
+    ("00-best-episodes", "indices in the order of their returns",
+     ("return np.sort(np.argsort(-returns)[:keep])", "return np.argsort(-returns)[:keep]"),
+     "in the order of their returns"),
+    ("00-best-episodes", "delegates to ttlib's best_episodes", '''from ttlib import baselines
+
+
+def best_episodes(rewards, percent):
+    return baselines.best_episodes([np.sum(r) for r in rewards], percent)
+''', REFUSED),
+    ("00-fit-policy", "the gradients never zeroed", ("        optimizer.zero_grad()\n", ""),
+     "the gradients are never zeroed"),
+    ("00-fit-policy", "no optimiser step", ("        optimizer.step()\n", ""), "the weights never change"),
+    ("00-fit-policy", "a new Adam every step",
+     ("    optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)\n    losses = []\n"
+      "    for _ in range(steps):\n",
+      "    losses = []\n    for _ in range(steps):\n"
+      "        optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)\n"),
+     "a new Adam is made every step"),
+    ("00-fit-policy", "plain SGD", ("torch.optim.Adam", "torch.optim.SGD"), "this is plain SGD"),
+    ("00-fit-policy", "an absolute error", ("** 2).mean()", ").abs().mean()"), "this is an absolute error"),
+    ("00-fit-policy", "squared errors summed over the action's dimensions",
+     ("** 2).mean()", "** 2).sum(dim=1).mean()"), "summed over the action's dimensions"),
+    ("00-fit-policy", "batches from torch's global generator", (", generator=generator)", ")"),
+     "torch's global random generator"),
+    ("00-fit-policy", "delegates to ttlib's fit_policy", '''from ttlib import baselines
+
+
+def fit_policy(policy, observations, actions, steps, batch_size, learning_rate, generator):
+    return baselines.fit_policy(policy, observations, actions, steps, batch_size, learning_rate, generator)
+''', REFUSED),
 ]

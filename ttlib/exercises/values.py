@@ -1,4 +1,5 @@
-"""Notebook 00's exercises: the value target V_t, episode returns and normalized scores.
+"""Notebook 00's exercises: the value target V_t, episode returns and normalized scores, and %BC -- the best
+episodes and a behaviour-cloning fit.
 
 Each trial starts with a case small enough to check by hand, then an episode like the course's (float32 rewards,
 small shaping rewards and a +100 or -100 at the end): where an answer first differs is then the easy case if it
@@ -7,8 +8,13 @@ can be. The course dataset itself is not loaded here (that takes seconds); its e
 
 from __future__ import annotations
 
-import numpy as np
+import functools
+import math
 
+import numpy as np
+import torch
+
+from .. import baselines as ttlib_baselines
 from .. import data as ttlib_data
 from . import Exercise, Mistake
 
@@ -180,4 +186,164 @@ returns_and_scores = Exercise(
     ],
 )
 
-EXERCISES = [value_target, returns_and_scores]
+# ---- exercise 3: the best episodes -----------------------------------------------------------------------------
+def distinct_returns(make, rng, n: int) -> list[np.ndarray]:
+    """n episodes from make(rng) whose returns all differ (a tie at the cut would make two answers right)."""
+    while True:
+        episodes = [make(rng) for _ in range(n)]
+        returns = [float(np.sum(r, dtype=np.float64)) for r in episodes]
+        if len(set(np.round(returns, 6))) == n:
+            return episodes
+
+
+def best_trial(rng):
+    """(a few small episodes and a percentage, course-like episodes of many lengths and a percentage). The
+    percentages are chosen so that a share of the episodes is a fraction: rounding it down keeps one too few."""
+    n_small = int(rng.integers(3, 9))
+    small = distinct_returns(small_rewards, rng, n_small)
+    n = int(rng.integers(7, 60))
+    episodes = distinct_returns(lambda g: lander_rewards(g, int(g.integers(1, 400))), rng, n)
+    percents = [p for p in (10, 20, 25, 30, 40, 50, 60, 75) if (p * n) % 100]
+    return (small, float(rng.choice([25, 50, 75]))), (episodes, float(rng.choice(percents or [25])))
+
+
+def run_best(answer, trial):
+    (small, small_percent), (episodes, percent) = trial
+    return {f"best_episodes({[r.tolist() for r in small]}, percent={small_percent:g})":
+                answer.best_episodes([r.copy() for r in small], small_percent),
+            f"best_episodes of {len(episodes)} episodes of {min(map(len, episodes))} to "
+            f"{max(map(len, episodes))} steps, percent={percent:g}":
+                answer.best_episodes([r.copy() for r in episodes], percent)}
+
+
+def plain_returns(rewards):
+    """Exercise 2's episode_returns, lent to exercise 3 (the dataset's own method is what exercise 2 refuses)."""
+    return np.array([np.sum(r, dtype=np.float64) for r in rewards])
+
+
+def ttlib_best_episodes(rewards, percent):
+    return ttlib_baselines.best_episodes([np.sum(r, dtype=np.float64) for r in rewards], percent)
+
+
+def _best_with(score=lambda r: np.sum(r, dtype=np.float64), keep=lambda p, n: max(1, math.ceil(p / 100 * n)),
+               worst=False, ranked=False):
+    def best_episodes(rewards, percent):
+        scores = np.array([score(np.asarray(r, dtype=np.float64)) for r in rewards])
+        order = np.argsort(scores if worst else -scores, kind="stable")[:keep(percent, len(rewards))]
+        return order if ranked else np.sort(order)
+
+    return {"best_episodes": best_episodes}
+
+
+choosing = Exercise(
+    id="00-best-episodes", number=3, what="your best_episodes", names=("best_episodes",), trial=best_trial,
+    run=run_best, reference={"best_episodes": ttlib_best_episodes}, lends={"episode_returns": plain_returns},
+    forbid=(ttlib_baselines.best_episodes, ttlib_data.OfflineDataset.returns, ttlib_data.load), trials=8,
+    hidden_trials=16, passed="you keep the episodes %BC learns from.",
+    mistakes=[
+        Mistake("the episodes are ranked by their mean reward per step: rank them by their return, the *sum* of "
+                "their rewards (a short crash can have a higher mean than a long landing).",
+                _best_with(score=np.mean)),
+        Mistake("the episodes are ranked by their discounted return: %BC keeps the episodes whose plain return, "
+                "sum_t r_t, is highest (the discount belongs to the value V_t).", _best_with(score=_discounted_sum)),
+        Mistake("these are the *worst* episodes: sort the returns from the highest down (np.argsort(-returns)).",
+                _best_with(worst=True)),
+        Mistake("one episode too few: the share is rounded down (int()); keep ceil(percent / 100 * n) episodes "
+                "(math.ceil), so that 25% of 10 episodes keeps 3 and any percentage keeps at least one.",
+                _best_with(keep=lambda p, n: int(p / 100 * n))),
+        Mistake("one episode too many: keep exactly ceil(percent / 100 * n) episodes -- a slice [:k] takes k, "
+                "[:k + 1] one more.", _best_with(keep=lambda p, n: math.ceil(p / 100 * n) + 1)),
+        Mistake("percent is used as a fraction: 25 means a quarter of the episodes, so divide it by 100.",
+                _best_with(keep=lambda p, n: min(n, math.ceil(p * n)))),
+        Mistake("the right episodes, in the order of their returns: return their indices in increasing order "
+                "(np.sort), as a set of episodes.", _best_with(ranked=True)),
+    ],
+)
+
+
+# ---- exercise 4: behaviour cloning ------------------------------------------------------------------------------
+@functools.cache
+def _warm_up_optimizers() -> None:
+    """PyTorch's first optimizer imports torch._dynamo (seconds): do it once, before the guard watches."""
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+
+
+def cloning_trial(rng):
+    """A small float64 policy (standardised inputs, tanh head), observations and actions to clone, a few steps."""
+    _warm_up_optimizers()
+    obs_dim, act_dim, N = int(rng.integers(2, 9)), int(rng.integers(1, 4)), int(rng.integers(20, 200))
+    policy = ttlib_baselines.MLPPolicy(obs_dim, act_dim, hidden=int(rng.integers(8, 33)), layers=2).double()
+    observations = torch.as_tensor(rng.normal(size=(N, obs_dim)) * rng.uniform(0.5, 3), dtype=torch.float64)
+    with torch.no_grad():
+        policy.obs_mean.copy_(observations.mean(0))
+        policy.obs_std.copy_(observations.std(0))
+    actions = torch.as_tensor(rng.uniform(-1, 1, size=(N, act_dim)), dtype=torch.float64)
+    settings = dict(steps=int(rng.integers(2, 9)), batch_size=int(rng.integers(4, 33)),
+                    learning_rate=float(rng.choice([1e-3, 3e-3, 1e-2])), seed=int(rng.integers(1000)))
+    return policy, observations, actions, settings
+
+
+def run_cloning(answer, trial):
+    policy, observations, actions, settings = trial
+    generator = torch.Generator().manual_seed(settings["seed"])
+    torch.manual_seed(12345)  # whatever the answer draws from torch's global generator is the same every run
+    losses = answer.fit_policy(policy, observations, actions, settings["steps"], settings["batch_size"],
+                               settings["learning_rate"], generator)
+    with torch.no_grad():
+        after = policy(observations)
+    what = (f"fit_policy({len(observations)} transitions, steps={settings['steps']}, "
+            f"batch_size={settings['batch_size']}, learning_rate={settings['learning_rate']:g})")
+    return {f"the losses {what} returned": torch.as_tensor(np.asarray(losses, dtype=np.float64)),
+            "the policy's actions on the observations after it": after}
+
+
+def ttlib_fit_policy(policy, observations, actions, steps, batch_size, learning_rate, generator):
+    return ttlib_baselines.fit_policy(policy, observations, actions, steps, batch_size, learning_rate, generator)
+
+
+def _fit_with(optimizer=torch.optim.Adam, zero_grad=True, new_optimizer=False, error=lambda d: d**2,
+              step=True, sum_dims=False, own_generator=True):
+    def fit_policy(policy, observations, actions, steps, batch_size, learning_rate, generator):
+        opt = optimizer(policy.parameters(), lr=learning_rate)
+        losses = []
+        for _ in range(steps):
+            if new_optimizer:
+                opt = optimizer(policy.parameters(), lr=learning_rate)
+            i = torch.randint(0, len(observations), (batch_size,), generator=generator if own_generator else None)
+            e = error(policy(observations[i]) - actions[i])
+            loss = e.sum(dim=1).mean() if sum_dims else e.mean()
+            if zero_grad:
+                opt.zero_grad()
+            loss.backward()
+            if step:
+                opt.step()
+            losses.append(loss.item())
+        return losses
+
+    return {"fit_policy": fit_policy}
+
+
+cloning = Exercise(
+    id="00-fit-policy", number=4, what="your fit_policy", names=("fit_policy",), trial=cloning_trial,
+    run=run_cloning, reference={"fit_policy": ttlib_fit_policy},
+    forbid=(ttlib_baselines.fit_policy, ttlib_baselines.train_policy), atol=1e-9, rtol=1e-9, trials=5,
+    hidden_trials=10, passed="your loop trains ttlib's policy step for step.",
+    mistakes=[
+        Mistake("the gradients are never zeroed: each backward() adds to the last step's gradients, so step t "
+                "follows the sum of all t gradients so far. Call optimizer.zero_grad() before loss.backward().",
+                _fit_with(zero_grad=False)),
+        Mistake("the weights never change: optimizer.step() is missing after loss.backward().", _fit_with(step=False)),
+        Mistake("a new Adam is made every step: it forgets its running averages of the gradient, so every step is "
+                "its first. Make the optimiser once, before the loop.", _fit_with(new_optimizer=True)),
+        Mistake("this is plain SGD: the fit uses Adam, torch.optim.Adam(policy.parameters(), lr=learning_rate).",
+                _fit_with(optimizer=torch.optim.SGD)),
+        Mistake("this is an absolute error: behaviour cloning minimises the *squared* error, "
+                "((policy(obs) - act) ** 2).mean().", _fit_with(error=torch.abs)),
+        Mistake("the squared errors are summed over the action's dimensions: take the mean over every entry, batch "
+                "and action dimensions alike, ((policy(obs) - act) ** 2).mean().", _fit_with(sum_dims=True)),
+        Mistake("the batches are drawn from torch's global random generator: pass generator=generator to "
+                "torch.randint, so that the same seed draws the same batches.", _fit_with(own_generator=False)),
+    ],
+)
+
+EXERCISES = [value_target, returns_and_scores, choosing, cloning]

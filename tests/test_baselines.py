@@ -1,0 +1,261 @@
+"""The baselines (ttlib.baselines): which episodes %BC keeps, what BC and AWR learn, how they are played and saved,
+and the command line that names them beside the Trajectory and Decision Transformers."""
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from test_cli import ttlib  # tests/ is on sys.path
+
+from ttlib import baselines, checkpoints, rollout, train
+from ttlib import data as ttdata
+from ttlib.baselines import BaselineError, MLPPolicy, PolicyConfig, best_episodes
+
+
+# ---- which episodes %BC keeps ---------------------------------------------------------------------------
+@pytest.mark.parametrize("percent, kept", [(100, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]), (50, [1, 3, 5, 7, 9]),
+                                           (25, [5, 7, 9]), (10, [9]), (1, [9]), (30, [5, 7, 9])])
+def test_best_episodes_keeps_the_ceiling_of_the_share_highest_first(percent, kept):
+    returns = [0.0, 5.0, 1.0, 6.0, 2.0, 7.0, 3.0, 8.0, 4.0, 9.0]  # odd episodes are the best five
+    assert best_episodes(returns, percent).tolist() == kept
+
+
+def test_best_episodes_ranks_by_return_and_breaks_ties_towards_the_earlier_episode():
+    assert best_episodes([3.0, 7.0, 7.0, -1.0], 25).tolist() == [1]
+    assert best_episodes([3.0, 7.0, 7.0, -1.0], 50).tolist() == [1, 2]
+    assert best_episodes(np.array([2.0]), 10).tolist() == [0]  # at least one
+
+
+@pytest.mark.parametrize("percent", [0, -5, 100.5])
+def test_best_episodes_refuses_a_share_outside_0_100(percent):
+    with pytest.raises(BaselineError, match="percent must be in"):
+        best_episodes([1.0, 2.0], percent)
+
+
+# ---- what they learn ------------------------------------------------------------------------------------
+def linear_dataset(n_episodes=12, steps=60, seed=0, noise=0.3):
+    """Episodes whose actions are tanh(W obs) plus zero-mean noise; episode i's rewards are all i (so later
+    episodes are better), in an environment with actions in [-2, 2]."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(2, 3))
+    obs = [rng.normal(size=(steps, 3)).astype(np.float32) for _ in range(n_episodes)]
+    act = [np.clip(np.tanh(o @ w.T) + noise * rng.normal(size=(steps, 2)), -2, 2).astype(np.float32) for o in obs]
+    rewards = [np.full(steps, float(i), np.float32) for i in range(n_episodes)]
+    flags = [np.zeros(steps, bool) for _ in range(n_episodes)]
+    data = ttdata.OfflineDataset("test/linear-v0", None, {}, 0.99, obs, act, rewards, flags, flags, rewards, None,
+                                 None, None, [-2.0, -2.0], [2.0, 2.0])
+    return data, w
+
+
+def test_bc_averages_out_zero_mean_noise_and_stays_in_the_action_bounds():
+    data, w = linear_dataset()
+    policy, history = baselines.train_policy(data, PolicyConfig(steps=600, hidden=64, layers=2), progress=False)
+    probe = np.random.default_rng(1).normal(size=(500, 3)).astype(np.float32)
+    error = np.abs(policy.act(probe) - np.tanh(probe @ w.T)).mean()
+    assert error < 0.12, error  # the noise's own mean absolute size is 0.24: it has been averaged away
+    assert history["episodes"] == 12 and history["transitions"] == 720
+    assert np.abs(policy.act(100 * probe)).max() <= 2.0
+
+
+def test_percent_bc_learns_from_the_best_episodes_only():
+    data, _ = linear_dataset()
+    _, history = baselines.train_policy(data, PolicyConfig(top_percent=25, steps=5), progress=False)
+    assert history["episodes"] == 3 and history["lowest_return_kept"] == pytest.approx(9 * 60)
+
+
+def test_training_is_deterministic_for_a_seed():
+    data, _ = linear_dataset()
+    first, second, other = (baselines.train_policy(data, PolicyConfig(steps=30, seed=s), progress=False)[0]
+                            for s in (0, 0, 1))
+    probe = np.ones((1, 3), np.float32)
+    assert np.array_equal(first.act(probe), second.act(probe))
+    assert not np.array_equal(first.act(probe), other.act(probe))
+
+
+class StepCritic(torch.nn.Module):
+    """A critic whose advantage is +1 for actions with a positive first entry, -1 otherwise."""
+
+    obs_dim, act_dim = 3, 2
+
+    def q(self, obs, act):
+        return torch.where(act[:, 0] > 0, 1.0, -1.0)
+
+    def v(self, obs):
+        return torch.zeros(len(obs))
+
+
+def test_awr_weights_follow_the_advantage_and_are_capped():
+    obs, act = torch.zeros(4, 3), torch.tensor([[1.0, 0], [-1.0, 0], [0.5, 0], [-0.5, 0]])
+    weights = baselines.awr_weights(StepCritic(), obs, act, beta=2.0, max_weight=100.0)
+    assert torch.allclose(weights, torch.tensor([np.e**2, np.e**-2, np.e**2, np.e**-2], dtype=torch.float32))
+    capped = baselines.awr_weights(StepCritic(), obs, act, beta=10.0, max_weight=7.0)
+    assert capped.max() == 7.0
+
+
+def test_iql_policy_prefers_the_actions_the_critic_values():
+    data, _ = linear_dataset(noise=1.0)
+    config = PolicyConfig(kind="iql", steps=600, hidden=64, layers=2, beta=3.0)
+    awr, _ = baselines.train_policy(data, config, critic=StepCritic(), progress=False)
+    bc, _ = baselines.train_policy(data, PolicyConfig(steps=600, hidden=64, layers=2), progress=False)
+    probe = np.random.default_rng(2).normal(size=(500, 3)).astype(np.float32)
+    assert awr.act(probe)[:, 0].mean() > bc.act(probe)[:, 0].mean() + 0.3
+
+
+@pytest.mark.parametrize("config, critic, message", [
+    (PolicyConfig(kind="iql"), None, "extracted from a critic"),
+    (PolicyConfig(kind="iql"), type("Wrong", (), {"obs_dim": 8, "act_dim": 2}), "the critic is for obs 8"),
+    (PolicyConfig(kind="ppo"), None, "kind must be one of bc, iql"),
+    (PolicyConfig(top_percent=0), None, "top_percent must be a percentage"),
+    (PolicyConfig(steps=0), None, "steps must be >= 1"),
+])
+def test_bad_settings_are_refused_with_one_clear_line(config, critic, message):
+    data, _ = linear_dataset()
+    with pytest.raises(BaselineError, match=message):
+        baselines.train_policy(data, config, critic=critic, progress=False)
+
+
+def test_non_finite_data_is_refused():
+    data, _ = linear_dataset()
+    data.actions[3][5, 1] = np.nan
+    with pytest.raises(ttdata.DatasetError, match="non-finite"):
+        baselines.train_policy(data, PolicyConfig(steps=5), progress=False)
+
+
+# ---- playing and saving ---------------------------------------------------------------------------------
+def lander_policy(seed=0):
+    torch.manual_seed(seed)
+    return MLPPolicy(8, 2, hidden=32, layers=2).eval()
+
+
+def test_evaluate_plays_each_seed_alike_in_a_batch_or_alone():
+    policy = lander_policy().double()  # float64: a batch's products round far below any action's float32 step
+    batched = baselines.evaluate(policy, "LunarLanderContinuous-v3", range(4), max_steps=60, progress=False)
+    alone = baselines.evaluate(policy, "LunarLanderContinuous-v3", range(4), vectorized=False, max_steps=60,
+                               progress=False)
+    assert np.array_equal(batched.returns, alone.returns) and np.array_equal(batched.lengths, alone.lengths)
+    assert batched.seeds == [0, 1, 2, 3] and (batched.lengths <= 60).all()
+
+
+def test_evaluate_matches_a_plain_gymnasium_loop():
+    policy, returns = lander_policy(), []
+    env = gym.make("LunarLanderContinuous-v3", max_episode_steps=40)
+    for seed in range(2):
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy.act(obs[None])[0])
+            total, done = total + reward, terminated or truncated
+        returns.append(total)
+    env.close()
+    result = baselines.evaluate(policy, "LunarLanderContinuous-v3", range(2), max_steps=40, progress=False)
+    assert result.returns == pytest.approx(returns, abs=1e-6)
+
+
+def test_evaluate_refuses_an_environment_of_another_shape():
+    with pytest.raises(BaselineError, match="observations of 8 dimensions"):
+        baselines.evaluate(lander_policy(), "Pendulum-v1", [0], progress=False)
+    with pytest.raises(ValueError, match="this policy acts in"):
+        baselines.evaluate(MLPPolicy(3, 1, 8, 1, [-1.0], [1.0]), "Pendulum-v1", [0], progress=False)
+
+
+def test_a_saved_policy_acts_the_same_and_other_checkpoints_are_refused(tmp_path):
+    data, _ = linear_dataset()
+    config = PolicyConfig(top_percent=50, steps=20)
+    policy, history = baselines.train_policy(data, config, progress=False)
+    path = tmp_path / "pbc.pt"
+    baselines.save_policy(str(path), policy, config, checkpoints.dataset_summary(data), history)
+    loaded, loaded_config, payload = baselines.load_policy(str(path))
+    probe = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    assert np.array_equal(loaded.act(probe), policy.act(probe)) and loaded_config == config
+    assert payload["dataset"]["id"] == "test/linear-v0" and [p.name for p in tmp_path.iterdir()] == ["pbc.pt"]
+    with pytest.raises(checkpoints.CheckpointError, match="holds a 'trajectory-gpt' model, not a 'policy' one"):
+        baselines.load_policy(checkpoints.default_checkpoint())
+
+
+def test_rollout_module_still_plays_without_a_planner():
+    batch = rollout.EpisodeBatch("LunarLanderContinuous-v3", [0], None, 0).reset()
+    assert batch.act(np.zeros((1, 2))) == [] and batch.step == 1
+    batch.close()
+
+
+# ---- the command line -----------------------------------------------------------------------------------
+def test_train_and_evaluate_a_baseline_from_the_command_line(minari_root, tmp_path):
+    out = tmp_path / "pbc.pt"
+    made = ttlib("train", "--model", "bc", "--dataset", ttdata.HALFCHEETAH_DATASET, "--top-percent", "50",
+                 "--steps", "30", "--out", str(out))
+    assert made.returncode == 0, made.stderr
+    assert "%BC (best 50%): 10 episodes (2000 transitions" in made.stdout
+    played = ttlib("evaluate", "--checkpoint", str(out), "--episodes", "2", "--max-steps", "15", "--json")
+    assert played.returncode == 0, played.stderr
+    report = json.loads(played.stdout)
+    assert report["agent"] == "%BC (best 50%)" and report["seeds"] == [0, 1] and report["steps"] == 30
+    again = ttlib("evaluate", "--model", "bc", "--dataset", ttdata.HALFCHEETAH_DATASET, "--top-percent", "50",
+                  "--episodes", "2", "--max-steps", "15", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["agent"] == "%BC (best 50%)", again.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["evaluate", "--model", "bc", "--beam-width", "4"], "--model bc acts without planning"),
+    (["evaluate", "--model", "iql", "--workers", "2"], "leave out --workers"),
+    (["evaluate", "--model", "bc", "--top-percent", "0"], "top_percent must be a percentage in (0, 100]"),
+    (["evaluate", "--top-percent", "25"], "are for the baselines (--model bc or iql)"),
+    (["evaluate", "--model", "bc", "--beta", "3"], "--beta weighs IQL's advantages"),
+    (["evaluate", "--model", "iql", "--dataset", ttdata.HALFCHEETAH_DATASET], "give --critic CKPT"),
+    (["train", "--model", "bc", "--n-layer", "2", "--out", "x.pt"], "--model bc has no option --n-layer"),
+    (["train", "--critic", "x.pt", "--out", "x.pt"], "--critic and --beta are for --model iql"),
+])
+def test_baseline_options_explain_bad_input(args, message, minari_root):
+    result = ttlib(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_a_model_trained_on_the_top_percent_sees_only_the_best_episodes():
+    """`ttlib train --top-percent 25` (the imitation planner's model): the Trajectory GPT and the Decision
+    Transformer learn and validate on the best quarter only; the checkpoint still describes the whole dataset."""
+    data, _ = linear_dataset()
+    config = train.TrainConfig(top_percent=25)
+    whole, training, validation = train.load_and_split(config, data, 0.99, progress=False)
+    kept = sorted(float(r.sum()) for r in training.rewards + validation.rewards)
+    assert whole is data and kept == [9 * 60.0, 10 * 60.0, 11 * 60.0] and validation.n_episodes == 1
+    with pytest.raises(ttdata.DatasetError, match="at least 2"):
+        train.load_and_split(train.TrainConfig(top_percent=5), data, 0.99, progress=False)
+
+
+def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
+    """What the notebooks' result plots draw beside their agents: the shipped %BC played on the plot's seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ttlib import viz
+
+    result = baselines.course_baseline([3, 4, 5])
+    again = baselines.course_baseline([5])
+    assert result.seeds == [3, 4, 5] and result.returns[2] == pytest.approx(again.returns[0], abs=1e-3)
+    assert (result.returns > 200).all(), result.returns  # it lands: 286.3 +- 2.3 on seeds 0-59 (docs/RESULTS.md)
+    fig, ax = plt.subplots()
+    line = viz.baseline_line(ax, result.returns)
+    assert line.get_ydata()[0] == pytest.approx(result.returns.mean())
+    assert line.get_label().startswith("%BC, best 25% (notebook 00): ")
+    plt.close(fig)
+
+
+def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
+    """`ttlib evaluate` on a checkpoint trained with --top-percent plays the imitation planner unless told
+    otherwise; a checkpoint with a critic plans with the critic; --value chooses."""
+    from ttlib.cli import build_parser
+    from ttlib.cli_evaluate import _planner_from
+
+    def planner(*flags, top_percent=100.0, critic=None):
+        args = build_parser().parse_args(["evaluate", *flags])
+        return _planner_from(args, critic, {"train_config": {"top_percent": top_percent}})
+
+    assert planner(top_percent=25.0).value == "likelihood" and planner().value == "token"
+    assert planner(top_percent=25.0, critic=object()).value == "critic"
+    assert planner("--value", "token", top_percent=25.0).value == "token"
+    assert planner("--value", "likelihood", "--beam-width", "8").beam_width == 8
