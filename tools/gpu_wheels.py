@@ -2,6 +2,7 @@
 
     python tools/gpu-wheels                    # -> .whl/ (ignored by git): wheels for Python 3.12, manylinux x86-64
     python tools/gpu-wheels --dest DIR --python-version 3.11 --image-packages pip-list.txt
+    python tools/gpu-wheels --grading          # -> .whl-grade/: what `ttlib grade autograde` needs, on its own
 
 The GPU machines the course is checked on have Python, PyTorch, NumPy, h5py, matplotlib and a few hundred other
 packages (IMAGE_PACKAGES), but not Gymnasium, Box2D, MuJoCo, Minari or a Jupyter kernel, and no network. This
@@ -14,6 +15,10 @@ Python and platform), what the course needs there:
 It keeps the wheels the course's needs reach without passing through a package the machine already has, leaves
 out what nothing run there imports (DROPPED) and what is too big to carry (LEFT_OUT), and writes manifest.json
 beside them: every wheel, its size, and what was left out and why (gpu-check reads it).
+
+With --grading it fills another folder (.whl-grade/), which travels without .whl/, with what `ttlib grade autograde`
+needs there: the same, without the simulators (GRADING_LEFT_OUT), plus nbgrader and its requirements, less its
+JupyterLab and Notebook front ends (GRADING_DROPPED).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
 DEFAULT_DEST = ROOT / ".whl"
+GRADING_DEST = ROOT / ".whl-grade"
 
 # The Python packages of the GPU machines' image ('cuda', as listed on 2026-11-17): never carried. Another machine:
 # --image-packages with its `pip list` or `pip freeze` output.
@@ -68,6 +74,23 @@ DROPPED = {
     "jedi": "IPython's tab completion: IPython runs without it",
     "widgetsnbextension": "ipywidgets' JupyterLab front end: a kernel run by nbclient has no browser",
     "jupyterlab-widgets": "ipywidgets' JupyterLab front end: a kernel run by nbclient has no browser",
+}
+
+# --grading: what `ttlib grade autograde` needs, in a folder that travels on its own (.whl/ and it together, with the
+# checkout, are more than the 64 MiB a GPU machine's working tree may carry): the course's needs without the
+# simulators (GRADING_PLAIN: gymnasium without its extras), plus nbgrader, less nbgrader's front ends, which nothing
+# autograding runs imports (GRADING_DROPPED, 33 MB of wheels; checked with `python -X importtime` on nbgrader's
+# apps and converters and ttlib.grading: nbconvert imports `notebook` only to find its CSS, and runs without it).
+GRADING = ["nbgrader>=0.9"]
+GRADING_PLAIN = {"gymnasium"}
+GRADING_LEFT_OUT = {
+    "box2d": "gymnasium's Box2D (with pygame, 16 MB): the hidden tests of a notebook that runs LunarLander fail there",
+    "mujoco": "gymnasium's MuJoCo (13 MB): the hidden tests of a notebook that runs HalfCheetah fail there",
+}
+GRADING_DROPPED = {
+    "jupyterlab": "nbgrader's formgrader and assignment list in JupyterLab: autograding runs without a browser",
+    "notebook": "nbgrader's Notebook 7 extensions: autograding runs without a browser",
+    "jupyterlab-server": "JupyterLab's server: autograding runs without a browser",
 }
 
 # Needed by a notebook, but not carried: gpu-check reports that notebook as not run, and why.
@@ -111,8 +134,9 @@ def needed(requirements: list[str], environment: dict, extras: set[str] = frozen
             yield requirement
 
 
-def course_requirements() -> list[str]:
-    """pyproject.toml's dependencies, less what is NOT_NEEDED, plus the RUNNER."""
+def course_requirements(plain=frozenset()) -> list[str]:
+    """pyproject.toml's dependencies, less what is NOT_NEEDED, plus the RUNNER; those named in `plain` without
+    their extras."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -121,13 +145,14 @@ def course_requirements() -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     from packaging.requirements import Requirement
 
-    kept = [line for line in project["dependencies"] if normalize(Requirement(line).name) not in NOT_NEEDED]
-    return kept + RUNNER
+    kept = [r for r in map(Requirement, project["dependencies"]) if normalize(r.name) not in NOT_NEEDED]
+    return [f"{r.name}{r.specifier}" if normalize(r.name) in plain else str(r) for r in kept] + RUNNER
 
 
-def closure(top: list[str], wheels: dict, image: set[str], environment: dict) -> tuple[list[str], set[str]]:
+def closure(top: list[str], wheels: dict, image: set[str], environment: dict,
+            dropped=frozenset(DROPPED)) -> tuple[list[str], set[str]]:
     """Walk the requirements from `top` through the downloaded `wheels` ({name: path}): -> (names of the wheels to
-    carry, names of the image's packages met on the way). A walk stops at a package the image has, at DROPPED
+    carry, names of the image's packages met on the way). A walk stops at a package the image has, at `dropped`
     and LEFT_OUT packages."""
     from packaging.requirements import Requirement
 
@@ -139,7 +164,7 @@ def closure(top: list[str], wheels: dict, image: set[str], environment: dict) ->
         if name in image:
             met.add(name)
             continue
-        if name in DROPPED or name in LEFT_OUT:
+        if name in dropped or name in LEFT_OUT:
             continue
         extras = set(requirement.extras)
         if name in seen and extras <= seen[name]:
@@ -176,14 +201,16 @@ def read_image_packages(path: str | None) -> set[str]:
     return names
 
 
-def fill(dest: Path, python_version: str, platforms: list[str], image: set[str]) -> dict:
-    """Download, keep what the course needs there, and replace `dest` with it and its manifest.json."""
-    top = course_requirements()
+def fill(dest: Path, python_version: str, platforms: list[str], image: set[str], grading: bool = False) -> dict:
+    """Download, keep what the course (`grading`: what grading) needs there, and replace `dest` with it and its
+    manifest.json."""
+    top = course_requirements(GRADING_PLAIN) + GRADING if grading else course_requirements()
+    dropped = {**DROPPED, **GRADING_DROPPED} if grading else DROPPED
     with tempfile.TemporaryDirectory(prefix="gpu-wheels-") as tmp:
         downloads = Path(tmp) / "all"
         download(top, downloads, python_version, platforms)
         wheels = {wheel_metadata(p)[0]: p for p in downloads.glob("*.whl")}
-        carry, met = closure(top, wheels, image, target_environment(python_version))
+        carry, met = closure(top, wheels, image, target_environment(python_version), set(dropped))
         staged = Path(tmp) / "staged"
         staged.mkdir()
         for name in carry:
@@ -193,7 +220,7 @@ def fill(dest: Path, python_version: str, platforms: list[str], image: set[str])
                     "wheels": [{"file": p.name, "name": wheel_metadata(p)[0], "version": wheel_metadata(p)[1],
                                 "bytes": p.stat().st_size} for p in files],
                     "total_bytes": sum(p.stat().st_size for p in files), "image_packages_needed": sorted(met),
-                    "dropped": DROPPED, "left_out": LEFT_OUT}
+                    "dropped": dropped, "left_out": GRADING_LEFT_OUT if grading else LEFT_OUT}
         (staged / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         old = dest.with_name(dest.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -206,19 +233,22 @@ def fill(dest: Path, python_version: str, platforms: list[str], image: set[str])
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-wheels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dest", default=str(DEFAULT_DEST), help="the wheel folder (default: .whl/)")
+    parser.add_argument("--dest", help="the wheel folder (default: .whl/, with --grading .whl-grade/)")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
     parser.add_argument("--platform", action="append", help="wheel platform tags (default: manylinux x86-64)")
     parser.add_argument("--image-packages", help="a `pip list` or `pip freeze` of the GPU machine (default: its "
                         "image as listed in this script)")
+    parser.add_argument("--grading", action="store_true", help="fill the folder of what `ttlib grade autograde` "
+                        "needs (nbgrader; no simulators): it travels without .whl/")
     args = parser.parse_args(argv)
+    args.dest = args.dest or str(GRADING_DEST if args.grading else DEFAULT_DEST)
     manifest = fill(Path(args.dest), args.python_version, args.platform or MANYLINUX_X86_64,
-                    read_image_packages(args.image_packages))
+                    read_image_packages(args.image_packages), args.grading)
     for wheel in manifest["wheels"]:
         print(f"{wheel['bytes'] / 2**20:7.2f} MiB  {wheel['file']}")
     print(f"{len(manifest['wheels'])} wheels, {manifest['total_bytes'] / 2**20:.1f} MiB in {args.dest}; the image "
           f"already has {len(manifest['image_packages_needed'])} of what they need; left out: "
-          + ", ".join(f"{name} ({why})" for name, why in {**DROPPED, **LEFT_OUT}.items()))
+          + ", ".join(f"{name} ({why})" for name, why in {**manifest["dropped"], **manifest["left_out"]}.items()))
     return 0
 
 
