@@ -18,6 +18,7 @@ import torch
 
 from ttlib import dt
 from ttlib.best_model import TIE, BestModel, overfitting
+from ttlib.checkpoint_files import write_payload
 from ttlib.checkpoints import (
     CheckpointError,
     checkpoint_weights,
@@ -184,15 +185,15 @@ def test_resume_goes_on_from_the_last_and_keeps_the_best(minari_root, tmp_path):
 
 
 def test_checkpoints_from_before_the_best_was_kept_load_everywhere(minari_root, tmp_path):
-    for name in ("tt_lunarlander.pt", "dt_lunarlander.pt"):  # shipped before: one model, no "best"
+    for name in ("tt_lunarlander.safetensors", "dt_lunarlander.safetensors"):  # shipped before: one model, no "best"
         payload = read_checkpoint(str(ROOT / "assets" / name), kind=None)
         assert "best" not in payload and checkpoint_weights(payload, "last") is payload["model"]
         assert weights_info(payload) == weights_info(payload, "last") == {
             "which": "last", "step": payload["history"][-1]["step"], "val_loss": payload["history"][-1]["val_loss"]}
-    tt = str(ROOT / "assets" / "tt_lunarlander.pt")
+    tt = str(ROOT / "assets" / "tt_lunarlander.safetensors")
     for which in ("best", "last"):
         model, _, _ = load_checkpoint(tt, device="cpu", which=which)
-        dt.load_checkpoint(str(ROOT / "assets" / "dt_lunarlander.pt"), device="cpu", which=which)
+        dt.load_checkpoint(str(ROOT / "assets" / "dt_lunarlander.safetensors"), device="cpu", which=which)
     copy = str(tmp_path / "copy.pt")
     export_checkpoint(tt, copy)
     again, _, _ = load_checkpoint(copy, device="cpu")
@@ -204,12 +205,12 @@ def test_checkpoints_from_before_the_best_was_kept_load_everywhere(minari_root, 
     settings = {**OVERFIT, "steps": 21, "dataset": DATASET}
     new = str(tmp_path / "new.pt")
     train(TrainConfig.from_settings(settings), out=new, progress=False)
-    payload = torch.load(new, weights_only=False)
+    payload = read_checkpoint(new)
     payload["model"] = payload.pop("last_model", payload["model"])
     for key in ("best", "val_generator"):
         payload.pop(key)
     old = str(tmp_path / "old.pt")
-    torch.save(payload, old)
+    write_payload(old, payload)
     resumed = train(TrainConfig.from_settings({**settings, "steps": 31}), out=old, resume=old, progress=False)
     assert [row["step"] for row in resumed.history] == [0, 10, 20, 30]
     assert resumed.best["step"] in (20, 30) and read_checkpoint(old)["best"] == resumed.best
@@ -251,7 +252,7 @@ def test_the_recipe_fits_the_datasets_size():
 def test_no_alarm_and_the_last_model_kept_on_the_course_runs():
     """The shipped runs, replayed: the course's own data raise no overfitting warning, and the model the rule keeps
     is the last step's -- the one shipped -- so the README's commands still make the shipped checkpoints."""
-    for name in ("tt_lunarlander.pt", "dt_lunarlander.pt"):
+    for name in ("tt_lunarlander.safetensors", "dt_lunarlander.safetensors"):
         history = read_checkpoint(str(ROOT / "assets" / name), kind=None)["history"]
         assert overfitting(history) is None
         best = BestModel()

@@ -7,6 +7,7 @@ import torch
 
 from ttlib import data as ttdata
 from ttlib.bench import PRESETS, random_model
+from ttlib.checkpoint_files import write_payload
 from ttlib.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint
 from ttlib.critic import (
     Critic,
@@ -191,7 +192,7 @@ def test_a_checkpoint_carries_its_critic_and_ray_actors_get_the_same_one(tmp_pat
     source = tmp_path / "tt.pt"
     payload = read_checkpoint(default_checkpoint())
     payload.pop("critic", None)
-    torch.save(payload, source)
+    write_payload(str(source), payload)
     assert load_critic(str(source)) is None
     out = tmp_path / "with_critic.pt"
     critic, history = add_critic(str(source), CriticConfig(steps=30, hidden=32), out=str(out), progress=False)

@@ -136,7 +136,7 @@ def test_resume_continues_exactly(course_data, tmp_path):
 
 def test_wrong_model_kind_and_sizes_fail_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="not a Decision Transformer"):
-        dt.load_checkpoint(os.path.join(ROOT, "assets", "tt_lunarlander.pt"))
+        dt.load_checkpoint(os.path.join(ROOT, "assets", "tt_lunarlander.safetensors"))
     model = tiny_model()
     path = str(tmp_path / "dt.pt")
     from ttlib.checkpoints import save_checkpoint
@@ -172,7 +172,7 @@ def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "dt" and out["target_return"] == 123 and out["steps"] == 12 and len(out["returns"]) == 2
     for args, message in [
-        (("evaluate", "--model", "dt", "--checkpoint", os.path.join(ROOT, "assets", "tt_lunarlander.pt")),
+        (("evaluate", "--model", "dt", "--checkpoint", os.path.join(ROOT, "assets", "tt_lunarlander.safetensors")),
          "not a Decision Transformer"),
         (("evaluate", "--model", "tt", "--checkpoint", ckpt), "not a 'trajectory-gpt'"),
         (("evaluate", "--target-return", "100", "--episodes", "1"), "--target-return is for Decision"),

@@ -27,14 +27,13 @@ from tqdm.auto import tqdm
 
 from . import data as ttdata
 from . import validate
-from .files import atomic_path
 
 __all__ = ["PolicyConfig", "MLPPolicy", "BaselineError", "best_episodes", "fit_policy", "train_policy",
            "awr_weights", "evaluate", "save_policy", "load_policy", "course_baseline", "KINDS"]
 
 KINDS = ("bc", "iql")  # --model names: behaviour cloning (all or the best k% of episodes), IQL's AWR policy
 POLICY_KIND = "policy"  # a checkpoint's kind
-COURSE_BASELINE = "pbc_lunarlander.pt"  # shipped: %BC on the best 25% of the course dataset (docs/DATASETS.md)
+COURSE_BASELINE = "pbc_lunarlander.safetensors"  # shipped: %BC on the best 25% of the course dataset (docs/DATASETS.md)
 
 
 class BaselineError(ValueError):
@@ -232,26 +231,24 @@ def evaluate(policy: MLPPolicy, env_id: str, seeds, env_kwargs: dict | None = No
 # ---- checkpoints -----------------------------------------------------------------------------------------
 def save_policy(path: str, policy: MLPPolicy, config: PolicyConfig, dataset: dict, history: dict) -> None:
     """One file, written atomically, in ttlib's checkpoint format (kind "policy")."""
-    from .checkpoints import CHECKPOINT_FORMAT
+    from .checkpoint_files import CHECKPOINT_FORMAT, write_payload
 
     payload = {"format": CHECKPOINT_FORMAT, "kind": POLICY_KIND, "policy_config": asdict(config),
                "shape": {"obs_dim": policy.obs_dim, "act_dim": policy.act_dim, "hidden": policy.hidden,
                          "layers": policy.layers},
                "model": {k: v.detach().cpu() for k, v in policy.state_dict().items()}, "dataset": dataset,
                "history": history}
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    write_payload(path, payload)
 
 
 def load_policy(path: str) -> tuple[MLPPolicy, PolicyConfig, dict]:
     """-> (policy in eval mode on the CPU, its config, the checkpoint's payload); CheckpointError if it is not one."""
-    from .checkpoints import load_weights, read_checkpoint
+    from .checkpoints import from_fields, load_weights, read_checkpoint
 
     payload = read_checkpoint(path, kind=POLICY_KIND)
-    shape = payload["shape"]
-    policy = MLPPolicy(shape["obs_dim"], shape["act_dim"], shape["hidden"], shape["layers"])
+    policy = from_fields(MLPPolicy, payload["shape"], "shape", path)
     load_weights(policy, payload["model"], source=path)
-    return policy.eval(), PolicyConfig(**payload["policy_config"]), payload
+    return policy.eval(), from_fields(PolicyConfig, payload["policy_config"], "policy_config", path), payload
 
 
 def course_baseline(seeds, max_steps: int | None = None, progress: bool = False):

@@ -1,11 +1,12 @@
 """Checkpoints: one self-contained file per run, written atomically, read back with one clear error per fault.
 
-A checkpoint holds everything needed to plan with a model again -- weights, model config, tokenizer, and what we
-know of the dataset -- and, while a run is going, what `resume` needs to go on exactly where it stopped: the
-optimiser's state, the batch generators, the history of evaluations and the best model so far
-(ttlib.best_model). It is written to a temporary file and renamed into place, so a crash never leaves half of one.
-Every ttlib model uses this format (the Trajectory GPT, the Decision Transformer in ttlib.dt); `kind` tells them
-apart.
+A checkpoint is data, never a program: tensors and JSON in a safetensors file (ttlib.checkpoint_files), so
+loading a file someone shared runs nothing. It holds everything needed to plan with a model again -- weights,
+model config, tokenizer, and what we know of the dataset -- and, while a run is going, what `resume` needs to go
+on exactly where it stopped: the optimiser's state, the batch generators, the history of evaluations and the best
+model so far (ttlib.best_model). It is written to a temporary file and renamed into place, so a crash never leaves
+half of one. Every ttlib model uses this format (the Trajectory GPT, the Decision Transformer in ttlib.dt, the
+policies of ttlib.baselines); `kind` tells them apart, and every entry's type is checked when it is read.
 """
 
 from __future__ import annotations
@@ -15,22 +16,29 @@ import os
 import torch
 
 from . import data as ttdata
-from .files import atomic_path
+from .checkpoint_files import CHECKPOINT_FORMAT, CheckpointError, read_payload, write_payload
 from .model import GPTConfig, TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
 
-CHECKPOINT_FORMAT = "ttlib-checkpoint-v1"
 ASSETS = os.environ.get("TTLIB_ASSETS", os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
-COURSE_CHECKPOINT = "tt_lunarlander.pt"  # the shipped Trajectory GPT for the course dataset
+COURSE_CHECKPOINT = "tt_lunarlander.safetensors"  # the shipped Trajectory GPT for the course dataset
 WHICH = ("best", "last")  # the models a checkpoint holds: the best evaluation's, the last step's
 
 # Settings a resumed run may change: how long it runs, where, and how often it checks itself. Every other one
 # shapes the model, the data or the schedule, so a resumed run must keep the checkpoint's.
 RESUMABLE = ("steps", "device", "eval_every", "eval_batches", "early_stop")
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, corrupt, of another kind, or does not fit the model/environment."""
+# What each entry of a payload must be, when it is there ("tensors": a dict of named tensors); the entries every
+# checkpoint has, and those each kind adds. A file whose JSON was edited into something else is refused by name.
+FIELD_TYPES = {"kind": str, "model": "tensors", "dataset": dict, "history": (list, dict), "step": int,
+               "model_config": dict, "tokenizer": (dict, type(None)), "train_config": (dict, type(None)),
+               "policy_config": dict, "shape": dict, "critic": (dict, type(None)), "best": dict,
+               "last_model": "tensors", "optimizer": dict, "generator": torch.Tensor, "val_generator": torch.Tensor}
+REQUIRED = ("kind", "model", "dataset")
+REQUIRED_BY_KIND = {"trajectory-gpt": ("model_config", "tokenizer"), "decision-transformer": ("model_config",),
+                    "policy": ("policy_config", "shape")}
+DATASET_TYPES = {"id": str, "env_id": (str, type(None)), "env_kwargs": dict, "obs_dim": int, "act_dim": int,
+                 "gamma": (int, float)}
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -80,8 +88,7 @@ def save_checkpoint(path: str, model: TrajectoryGPT, tokenizer: TrajectoryTokeni
         payload["generator"] = generator.get_state()
     if val_generator is not None:
         payload["val_generator"] = val_generator.get_state()
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    write_payload(path, payload)
 
 
 def checkpoint_weights(payload: dict, which: str = "best") -> dict:
@@ -112,19 +119,45 @@ def default_checkpoint(name: str = COURSE_CHECKPOINT) -> str:
 
 
 def read_checkpoint(path: str, kind: str | None = "trajectory-gpt") -> dict:
-    """Load a checkpoint file's payload, with a clear error for anything that is not a usable ttlib checkpoint."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated or foreign files fail in many ways inside torch/pickle
-        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): "
-                              f"{type(e).__name__}") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+    """Load a checkpoint file's payload, with a clear error for anything that is not a usable ttlib checkpoint.
+    Nothing in the file is run: it is parsed as data (ttlib.checkpoint_files), then its entries' types checked."""
+    payload = read_payload(path)
+    if payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a ttlib checkpoint (expected format {CHECKPOINT_FORMAT})")
+    check_fields(payload, path)
     if kind is not None and payload.get("kind") != kind:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, not a {kind!r} one")
     return payload
+
+
+def _is(value, expected) -> bool:
+    if expected == "tensors":
+        return isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values())
+    if expected is int or expected == (int, float):  # JSON's true is not a count
+        return isinstance(value, expected) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def check_fields(payload: dict, source: str) -> None:
+    """CheckpointError naming the first entry of a payload that is missing or of the wrong type."""
+    required = REQUIRED + REQUIRED_BY_KIND.get(payload.get("kind"), ())
+    missing = [name for name in required if name not in payload]
+    if missing:
+        raise CheckpointError(f"{source} is not a complete ttlib checkpoint: it has no {', '.join(missing)}")
+    for entries, types, where in ((payload, FIELD_TYPES, ""), (payload["dataset"], DATASET_TYPES, "dataset.")):
+        for name, expected in types.items():
+            if name in entries and not _is(entries[name], expected):
+                want = "named tensors" if expected == "tensors" else getattr(expected, "__name__", "a number")
+                raise CheckpointError(f"{source} is damaged: its {where}{name} should be {want}, not "
+                                      f"{type(entries[name]).__name__}")
+
+
+def from_fields(make, fields: dict, what: str, source: str):
+    """make(**fields), with a CheckpointError naming `what` when the checkpoint's fields do not describe one."""
+    try:
+        return make(**fields)
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{source}: its {what} does not describe one ({e})") from None
 
 
 def load_weights(model: torch.nn.Module, state: dict, source: str = "checkpoint") -> None:
@@ -167,7 +200,7 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
     which: "best" (the best evaluation's model) or "last" (the last step's; see checkpoint_weights)."""
     payload = read_checkpoint(path)
     weights = checkpoint_weights(payload, which)
-    config = GPTConfig(**payload["model_config"])
+    config = from_fields(GPTConfig, payload["model_config"], "model_config", path)
     if model is None:
         model = TrajectoryGPT(config)
     elif model.config.transition_dim != config.transition_dim:
@@ -175,7 +208,7 @@ def load_checkpoint(path: str, device: str = "auto", model: TrajectoryGPT | None
             f"{path} was trained for obs {config.obs_dim} / act {config.act_dim} but the model has obs "
             f"{model.config.obs_dim} / act {model.config.act_dim}")
     load_weights(model, weights, source=path)
-    tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])
+    tokenizer = from_fields(TrajectoryTokenizer.from_state_dict, {"state": payload["tokenizer"]}, "tokenizer", path)
     return model.to(pick_device(device)).eval(), tokenizer, payload
 
 
@@ -189,5 +222,4 @@ def export_checkpoint(source: str, destination: str, which: str = "best") -> Non
     payload["model"] = checkpoint_weights(payload, which)
     for name in ("last_model", "optimizer", "generator", "val_generator"):
         payload.pop(name, None)
-    with atomic_path(destination) as tmp:
-        torch.save(payload, tmp)
+    write_payload(destination, payload)

@@ -2,12 +2,13 @@
 
     ttlib make-dataset [--dataset ID] [--force]     build the offline course dataset (or the HalfCheetah one)
     ttlib datasets                                  list the Minari datasets on this machine
-    ttlib train --out runs/tt.pt [--export assets/tt_lunarlander.pt]
-    ttlib train --model dt --out runs/dt.pt [--export assets/dt_lunarlander.pt]
+    ttlib train --out runs/tt.safetensors [--export assets/tt_lunarlander.safetensors]
+    ttlib train --model dt --out runs/dt.safetensors [--export assets/dt_lunarlander.safetensors]
     ttlib evaluate [--checkpoint PATH] --episodes 10 [--env ENV_ID] [--workers K [--central] [--address HOST:PORT]]
                    [--which last]               the last step's model, not the best evaluation's
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
+    ttlib convert-checkpoint OLD.pt NEW.safetensors [--trust]   an older, pickled checkpoint as data only
     ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
     ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
@@ -56,6 +57,34 @@ def _cmd_lab(args):
         raise ValueError(str(error)) from None
     if code:
         raise SystemExit(code)
+
+
+def _cmd_convert_checkpoint(args):
+    from .checkpoint_files import convert_pickled
+    from .checkpoints import read_checkpoint
+
+    how = ("unpickling it in full (--trust: this runs any code it holds)" if args.trust else
+           "with PyTorch's restricted unpickler (tensors and plain data only; a file holding anything else is refused)")
+    print(f"reading the pickled checkpoint {args.old} {how},\nand writing it as tensors + JSON to {args.new}",
+          file=sys.stderr)
+    convert_pickled(args.old, args.new, trust=args.trust)
+    payload = read_checkpoint(args.new, kind=None)  # read back the way every ttlib command reads it
+    tensors = sum(1 for _ in _tensors(payload))
+    print(f"wrote {args.new}: a {payload['kind']} checkpoint, {tensors} tensors; every ttlib command reads it, and "
+          "reading it runs nothing")
+
+
+def _tensors(tree):
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            yield from _tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tensors(value)
 
 
 def _cmd_bench(args):
@@ -125,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_critic(sub)
     add_evaluate(sub)
     _add_bench(sub)
+
+    p = sub.add_parser("convert-checkpoint", help="rewrite an older, pickled checkpoint (.pt) as data only")
+    p.add_argument("old", help="the pickled checkpoint (ttlib before safetensors)")
+    p.add_argument("new", help="where to write it (e.g. NAME.safetensors)")
+    p.add_argument("--trust", action="store_true", help="unpickle it in full, which runs any code it holds: only "
+                   "for a file you made yourself or trust who did (needed for torch < 2.6)")
+    p.set_defaults(func=_cmd_convert_checkpoint)
 
     grading_cli.add_grade(sub)
     return parser

@@ -4,7 +4,7 @@
     ttlib evaluate --model bc --top-percent 25 --episodes 60  %BC: the best quarter of the episodes
     ttlib evaluate --model iql --episodes 60                  IQL's policy (AWR) on the shipped checkpoint's critic
     ttlib evaluate --model bc --dataset ID ...                on another dataset; --critic CKPT for iql there
-    ttlib train --model bc --top-percent 25 --out runs/pbc.pt a checkpoint, for `ttlib evaluate --checkpoint`
+    ttlib train --model bc --top-percent 25 --out runs/pbc.safetensors a checkpoint, for `ttlib evaluate --checkpoint`
 
 Without --checkpoint, `evaluate` trains the baseline first (seconds on a CPU) with the seed given by --train-seed,
 so the same command gives the same policy on the same machine.

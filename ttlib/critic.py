@@ -24,9 +24,9 @@ import torch
 import torch.nn as nn
 
 from . import data as ttdata
+from .checkpoint_files import write_payload
 from .checkpoints import CheckpointError, load_weights, pick_device, read_checkpoint
 from .data import split_episodes, subset
-from .files import atomic_path
 
 __all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_loss", "td_target", "value_loss",
            "q_loss", "train_critic", "transitions", "critic_payload", "critic_from_payload", "load_critic",
@@ -306,6 +306,5 @@ def add_critic(path: str, config=None, out: str | None = None, progress: bool = 
                               f"trained for obs {info['obs_dim']} / act {info['act_dim']}")
     critic, history = train_critic(data, config, progress=progress)
     payload["critic"] = critic_payload(critic, config, history)
-    with atomic_path(out or path) as tmp:
-        torch.save(payload, tmp)
+    write_payload(out or path, payload)
     return critic, history

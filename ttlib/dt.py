@@ -45,6 +45,7 @@ from .checkpoints import (
     checkpoint_weights,
     dataset_summary,
     default_checkpoint,
+    from_fields,
     load_weights,
     pick_device,
     read_checkpoint,
@@ -54,7 +55,7 @@ from .rollout import EpisodeBatch, Episodes, EvalResult, check_action_space, che
 from .train import RunConfig, fit, keep_best, load_and_split, start_training
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
-COURSE_CHECKPOINT = "dt_lunarlander.pt"  # the shipped Decision Transformer for the course dataset
+COURSE_CHECKPOINT = "dt_lunarlander.safetensors"  # the shipped Decision Transformer for the course dataset
 
 
 @dataclass
@@ -270,7 +271,7 @@ def load_checkpoint(path: str | None = None, device: str = "auto", which: str = 
     if payload.get("kind") != KIND:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, not a Decision Transformer: "
                               "evaluate it with ttlib.rollout.evaluate (`ttlib evaluate --model tt`)")
-    model = DecisionTransformer(DTConfig(**payload["model_config"]))
+    model = DecisionTransformer(from_fields(DTConfig, payload["model_config"], "model_config", path))
     load_weights(model, checkpoint_weights(payload, which), source=path)
     return model.to(pick_device(device)).eval(), payload
 

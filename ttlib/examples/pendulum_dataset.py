@@ -6,7 +6,7 @@ uniformly random torques -- mixed quality, like the course dataset, but about an
 12,000 steps). Run it, then train on it:
 
     python -m ttlib.examples.pendulum_dataset                      # writes user/pendulum/mixed-v0 (a few seconds)
-    ttlib train --dataset user/pendulum/mixed-v0 --out runs/pendulum.pt
+    ttlib train --dataset user/pendulum/mixed-v0 --out runs/pendulum.safetensors
 
 Anything that produces, per episode, the observations (one more than the actions: the one after the last step),
 actions, rewards, terminations and truncations can be written the same way (`write_dataset` below).
