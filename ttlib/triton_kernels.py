@@ -26,12 +26,22 @@ Layout: a layer's weights packed in one row of `layers` (see `triton_step.pack_l
 W_up (C, 4C), b_up (4C), W_down (4C, C), b_down (C). This module needs Triton; `triton_step` imports it lazily.
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: Triton 3.0 needs the tl.constexpr annotations as objects)
 import triton
 import triton.language as tl
 
 SLOT, SAMPLE, UNIFORM, COLUMN, REWARD = range(5)  # the columns of a schedule row (static_decoder's)
+FP64_DOT = tl.constexpr(tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 2))  # tl.dot takes float64
+# (Triton 3.0, torch 2.4's, does not: there float64 products are summed elementwise -- the tests' dtype, not a GPU's)
+
+
+@triton.jit
+def _dot(a, b):
+    """a (M, K) @ b (K, M'): IEEE float32 (no TF32), or float64."""
+    if a.dtype == tl.float64:
+        if not FP64_DOT:
+            return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -52,7 +62,7 @@ def _layer_norm(x, params, C: tl.constexpr, eps):
 def _matmul(h, weight, row: tl.constexpr, K: tl.constexpr, M: tl.constexpr):
     """h (BB, K) @ weight[:K, :M], the weight row-major with rows of `row` elements -> (BB, M), IEEE float32."""
     w = tl.load(weight + tl.arange(0, K)[:, None] * row + tl.arange(0, M)[None, :])  # (K, M)
-    return tl.dot(h, w, input_precision="ieee")
+    return _dot(h, w)
 
 
 @triton.jit
@@ -192,7 +202,7 @@ def _head(x, final, head_w, head_b, after, eps, C: tl.constexpr, N: tl.constexpr
     n = tl.arange(0, BLOCK_N)
     w = tl.load(head_w + after * C * N + tl.arange(0, C)[:, None] * N + n[None, :], mask=(n < N)[None, :],
                 other=0.0)  # (C, BN)
-    logits = tl.dot(h, w, input_precision="ieee") + tl.load(head_b + after * N + n, mask=n < N, other=0.0)[None, :]
+    logits = _dot(h, w) + tl.load(head_b + after * N + n, mask=n < N, other=0.0)[None, :]
     return tl.where((n < N)[None, :], logits, float("-inf"))
 
 
