@@ -28,10 +28,10 @@ its own process (`gpu_parts.py`) and under its own time limit, drawn from one bu
 
 The timed parts run alone, before the notebooks. What a part measured survives its time limit. DIR gets
 gpu-check.json (every figure, every check, and the targets of `gpu_report.py` as met or not) and gpu-check.log
-(everything the parts printed); a run that is not a smoke run also leaves a copy of gpu-check.json in --runs
-(default docs/gpu-runs/), named by its date and device, to be committed. The exit status is 0 when every part ran and
-every check and notebook passed; a notebook that needs a package gpu-wheels leaves out (Ray) is reported as not run.
-Targets are measurements: met or not, they do not change the exit status.
+(everything the parts printed); a run on a GPU that is not a smoke run also leaves a copy of gpu-check.json in
+--runs (default docs/gpu-runs/), named by its date and device, to be committed. The exit status is 0 when every part
+ran and every check and notebook passed; a notebook that needs a package gpu-wheels leaves out (Ray) is reported as
+not run. Targets are measurements: met or not, they do not change the exit status.
 """
 
 from __future__ import annotations
@@ -336,8 +336,10 @@ def check(args) -> int:
     run.record("install", run.report["parts"]["install"])  # the report, now with its targets
     for line in summary(run.report):
         run.say(line)
-    if args.runs:
-        run.say(f"gpu-check: the report kept as {keep_report(run.report, Path(args.runs))}")
+    on_gpu = run.report.get("environment", {}).get("device", "").startswith("cuda")
+    runs = args.runs or (DEFAULT_RUNS if on_gpu and not args.smoke else None)  # (by default: a GPU's full runs)
+    if runs:
+        run.say(f"gpu-check: the report kept as {keep_report(run.report, Path(runs))}")
     run.log.close()
     return 0 if run.report["ok"] else 1
 
@@ -373,8 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, help="notebooks run at a time (default: half the CPU cores)")
     parser.add_argument("--wheels", nargs="+", default=[str(DEFAULT_WHEELS)], help="wheel folders (default .whl)")
     parser.add_argument("--site", default=str(DEFAULT_SITE), help=f"where wheels are installed ({DEFAULT_SITE})")
-    parser.add_argument("--runs", help="where a copy of the report goes, named by date and device (default "
-                        f"{DEFAULT_RUNS.relative_to(ROOT)}; a smoke run: nowhere unless given)")
+    parser.add_argument("--runs", help="where a copy of the report goes, named by date and device (default: "
+                        f"{DEFAULT_RUNS.relative_to(ROOT)} for a run on a GPU that is not a smoke run, else nowhere)")
     # one part in this process (what the orchestrator starts)
     parser.add_argument("--part", choices=PART_FUNCTIONS, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -400,7 +402,6 @@ def main(argv=None) -> int:
     args.jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
     args.parts = ["install", *args.parts] if "install" not in args.parts else args.parts
     args.fast_notebooks = args.fast_notebooks or args.smoke
-    args.runs = args.runs or (None if args.smoke else str(DEFAULT_RUNS))
     return check(args)
 
 
