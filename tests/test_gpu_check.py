@@ -53,7 +53,8 @@ def smoke(tmp_path_factory):
     env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp / "minari")}
     start = time.monotonic()
     result = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", "--smoke", "--out", str(tmp / "out"),
-                             "--wheels", str(wheels), "--site", str(tmp / "site"), "--parts", *gpu_check.PARTS],
+                             "--wheels", str(wheels), "--site", str(tmp / "site"), "--runs", str(tmp / "runs"),
+                             "--parts", *gpu_check.PARTS],
                             env=env, capture_output=True, text=True, timeout=600)  # training too: every part
     report = json.loads((tmp / "out" / "gpu-check.json").read_text())
     return result, report, tmp, time.monotonic() - start
@@ -130,6 +131,35 @@ def test_planning_times_every_decoder_side_by_side(smoke):
         assert r["speedup"] == pytest.approx(r["ms_per_plan_uncached"] / r["ms_per_plan_cached"])
         assert r["max_logit_gap"] < 1e-4 * (1 + r["max_abs_logit"])  # the float32 tolerance
         assert "graphs" not in r  # no CUDA graphs on a CPU
+
+
+def test_the_triton_step_is_timed_beside_the_static_search(smoke):
+    """On a CPU, under Triton's interpreter (slow: a one-layer model, one step ahead): the Triton step beside the
+    static search launched kernel by kernel, the same plan, and each one's kernels (none on a GPU here)."""
+    _, report, _, _ = smoke
+    part = report["parts"]["triton"]
+    assert "triton" not in gpu_check.DEFAULT_PARTS and part["decoders"] == ["triton", "static"]
+    (run,) = part["runs"]
+    assert run["device"] == "cpu" and run["batch"] == 1 and list(run["decoders"]) == ["triton", "static"]
+    assert run["default_decoder"] == "triton" and run["ms_per_plan_cached"] > 0
+    assert run["same_plan"]["static"]["bins"] and run["same_plan"]["static"]["max_score_gap"] < 1e-4
+    assert set(run["kernels_per_plan"]) == {"triton", "static"}
+    assert all(k["gpu_kernels"] == 0 and k["graph_launches"] == 0 and k["aten_ops"] > 0
+               for k in run["kernels_per_plan"].values())
+
+
+def test_a_run_keeps_its_report_by_date_and_device(smoke, tmp_path):
+    """--runs gets a copy of the report named by its date and device; a second one that day does not overwrite it."""
+    _, report, tmp, _ = smoke
+    (kept,) = (tmp / "runs").iterdir()
+    device = report["environment"]["device_name"].lower()
+    assert kept.name.startswith(report["started"][:10] + "-") and kept.suffix == ".json"
+    assert kept.stem[11:] == "".join(c if c.isalnum() else "-" for c in device).strip("-")
+    assert json.loads(kept.read_text()) == json.loads((tmp / "out" / "gpu-check.json").read_text())
+    named = {"started": "2026-11-28T01:02:03+00:00", "environment": {"device_name": "NVIDIA H100 80GB HBM3"}}
+    first, second = (gpu_check.keep_report(named, tmp_path) for _ in range(2))
+    assert first.name == "2026-11-28-nvidia-h100-80gb-hbm3.json"
+    assert second.name == "2026-11-28-nvidia-h100-80gb-hbm3-2.json"
 
 
 def test_training_and_rollouts_report_consistent_figures(smoke):

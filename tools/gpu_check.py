@@ -18,6 +18,9 @@ its own process (`gpu_parts.py`) and under its own time limit, drawn from one bu
                steps per second and the projected total are saved as it goes, so a cut-off run still says something
     compiled   the static search with its step fused by torch.compile before its graphs are recorded, beside the
                graphs alone, batch 1 and 25 -- only when asked for (--parts ... compiled): a compile takes a minute
+    triton     the static search with its decoding step one Triton kernel, replayed as CUDA graphs, beside the graphs
+               and the fused decoder at batch 1, 25 and 100, with each one's kernels per plan (torch.profiler) --
+               only when asked for (--parts ... triton); on a CPU (a smoke run) under Triton's interpreter
     dataset    `ttlib make-dataset`, if the course dataset is missing (the notebooks read it)
     notebooks  every notebook of ttlib.course.NOTEBOOKS in full mode, as on Colab, with nbclient, several at a time;
                each picks the device itself, reports its time, and, stopped at the limit, the cell it was in
@@ -25,9 +28,10 @@ its own process (`gpu_parts.py`) and under its own time limit, drawn from one bu
 
 The timed parts run alone, before the notebooks. What a part measured survives its time limit. DIR gets
 gpu-check.json (every figure, every check, and the targets of `gpu_report.py` as met or not) and gpu-check.log
-(everything the parts printed). The exit status is 0 when every part ran and every check and notebook passed; a
-notebook that needs a package gpu-wheels leaves out (Ray) is reported as not run. Targets are measurements: met or
-not, they do not change the exit status.
+(everything the parts printed); a run on a GPU that is not a smoke run also leaves a copy of gpu-check.json in
+--runs (default docs/gpu-runs/), named by its date and device, to be committed. The exit status is 0 when every part
+ran and every check and notebook passed; a notebook that needs a package gpu-wheels leaves out (Ray) is reported as
+not run. Targets are measurements: met or not, they do not change the exit status.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,19 +63,21 @@ from .gpu_wheels import normalize, wheel_metadata
 __all__ = ["SMOKE_DATASET_EPISODES", "notebook_status", "targets"]  # (re-exported: the tests read them here)
 DEFAULT_WHEELS = ROOT / ".whl"
 DEFAULT_SITE = Path(tempfile.gettempdir()) / "ttlib-gpu-check-site"  # kept: a second run installs nothing again
+DEFAULT_RUNS = ROOT / "docs" / "gpu-runs"  # every GPU run's report, committed
 
 # Seconds of the default 480-s budget for each part, in the order they run. A part may use what is left of the
 # budget but half the share of every part after it: time a part does not use goes to the later ones, and a slow
 # part eats into them only so far. Expected on an H100 (docs/GPU.md): install 10 s, exactness 30-40 s, planning
 # 30-50 s, rollouts 40-70 s (cut off at its limit with a projection if slower), dataset 20-30 s, notebooks the rest.
-SHARES = {"install": 30, "exactness": 60, "planning": 70, "rollouts": 110, "compiled": 60, "dataset": 30,
-          "notebooks": 180, "training": 25}
-CAPS = {"exactness": 100, "planning": 100, "rollouts": 120, "compiled": 110}  # seconds at most (a slow part says
-# enough by then: the rollouts save their steps per second and projected total as they go), the rest to the notebooks
-SMOKE_SHARES = {"install": 15, "exactness": 60, "planning": 25, "rollouts": 20, "compiled": 15, "dataset": 10,
-                "notebooks": 0, "training": 15}  # the notebooks run beside the rest, until the budget ends
+SHARES = {"install": 30, "exactness": 60, "planning": 70, "rollouts": 110, "compiled": 60, "triton": 90,
+          "dataset": 30, "notebooks": 180, "training": 25}
+CAPS = {"exactness": 150, "planning": 100, "rollouts": 120, "compiled": 110, "triton": 150}  # seconds at most (a
+# slow part says enough by then: the rollouts save their steps per second and projected total as they go), the rest
+# to the notebooks
+SMOKE_SHARES = {"install": 15, "exactness": 60, "planning": 25, "rollouts": 20, "compiled": 15, "triton": 20,
+                "dataset": 10, "notebooks": 0, "training": 15}  # the notebooks run beside the rest, to the budget's end
 PARTS = tuple(SHARES)
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("training", "compiled"))  # those two only when asked for
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("training", "compiled", "triton"))  # those only when asked for
 SMOKE_NOTEBOOK = "01_attention.ipynb"  # the cheapest notebook in fast mode (about 20 s on 2 CPU cores)
 
 
@@ -309,7 +316,8 @@ def check(args) -> int:
         limit = run.limit(name, timed[i:])
         run.say(f"[{args.budget - run.left():5.0f} s] {name} (limit {limit:.0f} s)")
         special = {"install": install, "exactness": exactness, "notebooks": notebooks}
-        result = special[name](run, limit) if name in special else run.part(name, limit)
+        interpret = {"TRITON_INTERPRET": "1"} if name == "triton" and args.device == "cpu" else None  # (slow)
+        result = special[name](run, limit) if name in special else run.part(name, limit, env=interpret)
         run.record(name, result)
         run.say(f"  {name}: {result['status']} in {result.get('seconds', 0):.1f} s {figures(name, result)}")
         if name == "install" and result["status"] != "ok":
@@ -328,8 +336,27 @@ def check(args) -> int:
     run.record("install", run.report["parts"]["install"])  # the report, now with its targets
     for line in summary(run.report):
         run.say(line)
+    on_gpu = run.report.get("environment", {}).get("device", "").startswith("cuda")
+    runs = args.runs or (DEFAULT_RUNS if on_gpu and not args.smoke else None)  # (by default: a GPU's full runs)
+    if runs:
+        run.say(f"gpu-check: the report kept as {keep_report(run.report, Path(runs))}")
     run.log.close()
     return 0 if run.report["ok"] else 1
+
+
+def keep_report(report: dict, folder: Path) -> Path:
+    """A copy of the report in folder, named by its date and device (2026-11-27-nvidia-h100-80gb-hbm3.json; a
+    second run that day gets -2, -3, ...): docs/RESULTS.md's GPU section reads the newest."""
+    device = report.get("environment", {}).get("device_name") or "unknown-device"
+    stem = f"{report['started'][:10]}-{re.sub(r'[^a-z0-9]+', '-', device.lower()).strip('-')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    with atomic_path(str(path)) as tmp:
+        Path(tmp).write_text(json.dumps(report, indent=1) + "\n")
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -348,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, help="notebooks run at a time (default: half the CPU cores)")
     parser.add_argument("--wheels", nargs="+", default=[str(DEFAULT_WHEELS)], help="wheel folders (default .whl)")
     parser.add_argument("--site", default=str(DEFAULT_SITE), help=f"where wheels are installed ({DEFAULT_SITE})")
+    parser.add_argument("--runs", help="where a copy of the report goes, named by date and device (default: "
+                        f"{DEFAULT_RUNS.relative_to(ROOT)} for a run on a GPU that is not a smoke run, else nowhere)")
     # one part in this process (what the orchestrator starts)
     parser.add_argument("--part", choices=PART_FUNCTIONS, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)

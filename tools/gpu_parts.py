@@ -8,6 +8,9 @@ and `save(figures)` keeps what it has measured so far, so that a part stopped at
                kernel by kernel, and the fused decoder), with the share of the device's matmul rate
     rollouts   25 HalfCheetah-v5 episodes of 1,000 steps planned together, with steps per second and the projected
                total saved as it goes
+    triton     the static search with its decoding step one Triton kernel (cache="triton"), replayed as CUDA graphs,
+               beside the graphs and the fused decoder at batch 1, 25 and 100, with the kernels of one plan
+               (torch.profiler) and whether it makes the same plan (only when asked for: --parts ... triton)
     training   training tokens/s, on the device and on the CPU (only when asked for: --parts ... training)
     notebook   one notebook with nbclient, saving which cell runs
 """
@@ -77,6 +80,65 @@ def part_compiled(args, save) -> dict:
                                          uncached_repeats=0, decoders=("static graphs compiled", "static graphs")))
         save({"runs": runs})
     return {"runs": runs}
+
+
+TRITON_SMOKE = dict(obs_dim=2, act_dim=2, n_bins=12, n_layer=1, n_embd=32, n_head=2, n_transitions=4, beam_width=2,
+                    horizon=1, context=2)  # a smoke run's model on the CPU, where Triton's interpreter is slow
+
+
+def part_triton(args, save) -> dict:
+    """The Triton step beside the graphs and the fused decoder at each batch (float32; on a CPU, a smoke run under
+    Triton's interpreter: launched, beside the static search launched), then each one's kernels per plan."""
+    from ttlib import bench
+
+    cuda = args.device != "cpu"
+    preset = bench.PRESETS["halfcheetah"] if not args.smoke else bench.Preset(**TRITON_SMOKE)
+    decoders = ("triton graphs", "static graphs", "fused") if cuda else ("triton", "static")
+    out = {"decoders": list(decoders), "runs": []}
+    for batch in PLANNING_BATCHES if not args.smoke else (1,):
+        run = bench.bench_planning(preset, batch=batch, repeats=1 if args.smoke else 5, device=args.device,
+                                   uncached_repeats=0, decoders=decoders)
+        run["kernels_per_plan"], run["same_plan"] = kernels_per_plan(preset, batch, args.device, decoders)
+        out["runs"].append(run)
+        save(out)  # what was measured survives the part's time limit
+    return out
+
+
+def kernels_per_plan(preset, batch: int, device: str, decoders) -> tuple[dict, dict]:
+    """Each decoder's kernels in one plan (kept planners, after a plan that records their graphs), as
+    torch.profiler sees them: kernels run on the GPU, kernel launches and graph launches by the host; and whether
+    each decoder's plan is the first one's (the same tokens; float32, so a near-tie may part them)."""
+    from dataclasses import replace
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ttlib import bench
+    from ttlib.fast_decoder import BufferPool
+    from ttlib.planning import beam_plan
+
+    model, tokenizer = bench.random_model(preset, device)
+    prefix = torch.randint(0, preset.n_bins, (batch, (preset.context - 1) * model.config.transition_dim
+                                              + preset.obs_dim), generator=torch.Generator().manual_seed(batch))
+    counts, plans = {}, {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    for name in decoders:
+        planner, pool = replace(bench.planner_for(preset), **bench.DECODERS[name]), BufferPool()
+        plans[name] = beam_plan(model, tokenizer, prefix.to(device), torch.arange(batch), planner, pool)
+        with profile(activities=activities) as prof:
+            beam_plan(model, tokenizer, prefix.to(device), torch.arange(batch), planner, pool)
+            if device != "cpu":
+                torch.cuda.synchronize()
+        events = prof.events()
+        host = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+        counts[name] = {"gpu_kernels": sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events),
+                        "kernel_launches": sum(n.startswith(("cudaLaunchKernel", "cuLaunchKernel")) for n in host),
+                        "graph_launches": sum(n.startswith("cudaGraphLaunch") for n in host),
+                        "aten_ops": sum(n.startswith("aten::") for n in host)}
+    first = plans[decoders[0]]
+    same = {name: {"bins": bool(torch.equal(plan.bins, first.bins)),
+                   "max_score_gap": float((plan.score - first.score).abs().max())} for name, plan in plans.items()}
+    return counts, same
 
 
 def part_training(args, save) -> dict:
@@ -186,4 +248,5 @@ def _plain(text: str) -> str:
 
 
 PART_FUNCTIONS = {"probe": part_probe, "dataset": part_dataset, "planning": part_planning, "compiled": part_compiled,
-                  "training": part_training, "rollouts": part_rollouts, "notebook": part_notebook}
+                  "triton": part_triton, "training": part_training, "rollouts": part_rollouts,
+                  "notebook": part_notebook}

@@ -92,6 +92,11 @@ def figures(name: str, part: dict) -> str:
                 + (f"; failed: {part['failed']}" if part.get("failed") else ""))
     if name in ("planning", "compiled"):
         return "; ".join(_planning(run) for run in part.get("runs", []))
+    if name == "triton":
+        return "; ".join(_planning(run) + ", kernels a plan: " + ", ".join(
+            f"{d} {k['gpu_kernels'] or k['aten_ops']}" for d, k in run.get("kernels_per_plan", {}).items())
+            + ("" if all(same["bins"] for same in run.get("same_plan", {}).values()) else " (PLANS DIFFER)")
+            for run in part.get("runs", []))
     if name == "training" and "device" in part:
         ratio = f", {part['speedup_vs_cpu']:.1f}x the CPU" if "speedup_vs_cpu" in part else ""
         return f"{part['device']['tokens_per_s']:,.0f} tokens/s{ratio}"

@@ -186,6 +186,8 @@ DECODERS = {  # the planners `ttlib bench planning` times side by side: name -> 
     "static graphs": dict(cache="static", cuda_graphs=True),  # the same, replayed as CUDA graphs (CUDA only)
     "static graphs compiled": dict(cache="static", cuda_graphs=True, compile_step=True),  # its step fused by
     # torch.compile first (gpu-check times it apart: its compile takes about a minute)
+    "triton": dict(cache="triton", cuda_graphs=False),  # its step one Triton kernel (triton_step; gpu-check's
+    "triton graphs": dict(cache="triton", cuda_graphs=True),  # triton part), launched, or replayed as graphs
 }
 
 

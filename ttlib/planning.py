@@ -39,12 +39,15 @@ from .model import TrajectoryGPT
 from .search import Plan, best_children, counter_uniform, decode_plan, plan_score, sample_bins
 from .static_decoder import static_plan
 from .tokenizer import TrajectoryTokenizer
+from .triton_step import TritonPlanner
 
 __all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
 
 
-CACHES = ("auto", "fused", "readable", "static")  # PlannerConfig.cache (see static_search for "auto")
+CACHES = ("auto", "fused", "readable", "static", "triton")  # PlannerConfig.cache (see static_search for "auto")
 AUTO_ON_CPU = "fused"  # measured: `ttlib bench planning` times both side by side (docs/RESULTS.md, "Speed")
+AUTO_ON_CUDA = "static"  # "static" or "triton" (its step one Triton kernel): tools/gpu-check's triton part times
+# both; "triton" once it measures faster there
 VALUES = ("token", "critic", "likelihood")  # what can score a plan (PlannerConfig.value)
 
 
@@ -63,8 +66,9 @@ class PlannerConfig:
     #                       "likelihood" (the log-probability of its actions: imitation, for a model of good data)
     use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
     cache: str = "auto"  # with use_cache: "fused" (fast_decoder.FusedDecoder), "readable" (CachedDecoder), "static"
-    # (static_decoder: the whole search with static shapes) or "auto": static on a GPU planning again and again
-    # (buffers kept: the graphs are replayed), else fused (static_search)
+    # (static_decoder: the whole search with static shapes), "triton" (the same, each decoding step one Triton
+    # kernel: triton_step; CUDA) or "auto": AUTO_ON_CUDA on a GPU planning again and again (buffers kept: the
+    # graphs are replayed), else fused (static_search)
     cuda_graphs: bool = True  # static on a GPU, planning again and again (buffers kept): replay CUDA graphs
     compile_step: bool = False  # static: fuse the decoding step's small kernels with torch.compile first
     # (Triton on a GPU; a one-time compile of about a minute, measured by gpu-check before it is a default)
@@ -194,12 +198,19 @@ def static_search(config: PlannerConfig, device: torch.device, trace=None, criti
     CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with a critic, the
     likelihood or a trace, it says so ("auto" then takes the fused decoder)."""
     other = critic is not None or trace is not None or config.value == "likelihood"
-    if config.cache == "static" and config.use_cache and other:
-        raise ValueError("the static search (cache='static') scores with the value token and keeps no trace: plan "
-                         "with cache='fused' for a critic, the likelihood or a search tree")
+    if config.cache in ("static", "triton") and config.use_cache and other:
+        raise ValueError(f"the static search (cache={config.cache!r}) scores with the value token and keeps no "
+                         "trace: plan with cache='fused' for a critic, the likelihood or a search tree")
     on_cuda = kept and config.cuda_graphs
     auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
-    return config.use_cache and (config.cache == "static" or auto) and not other
+    return config.use_cache and (config.cache in ("static", "triton") or auto) and not other
+
+
+def static_planner_class(config: PlannerConfig, device: torch.device):
+    """The static search's planner: TritonPlanner (its step one Triton kernel) where asked for, or by "auto" on
+    CUDA if AUTO_ON_CUDA says so; else StaticPlanner (None)."""
+    auto = config.cache == "auto" and device.type == "cuda" and AUTO_ON_CUDA == "triton"
+    return TritonPlanner if config.cache == "triton" or auto else None
 
 
 def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True,
@@ -349,7 +360,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
     device = model.pos_emb.device
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
     if static_search(config, device, trace, critic, kept=buffers is not None):
-        return static_plan(model, tokenizer, prefix, keys, config, buffers)
+        return static_plan(model, tokenizer, prefix, keys, config, buffers, static_planner_class(config, device))
 
     decoder = decoder_for(config.use_cache, config.cache)(
         model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each

@@ -46,18 +46,21 @@ SLOT, SAMPLE, UNIFORM, COLUMN, REWARD = range(5)  # the columns of a schedule ro
 
 
 def static_plan(model, tokenizer, prefix: torch.Tensor, keys: torch.Tensor, config,
-                buffers: BufferPool | None = None) -> Plan:
+                buffers: BufferPool | None = None, planner_class=None) -> Plan:
     """`planning.beam_plan`'s search with static shapes (it calls this, after checking its arguments; the model
     in evaluation mode, under inference mode). With buffers, the StaticPlanner -- its tensors and, on CUDA, its
-    graphs -- is kept there for the next plan of the same shape, and made again if the model's weights change."""
+    graphs -- is kept there for the next plan of the same shape, and made again if the model's weights change.
+    planner_class: StaticPlanner (None) or a subclass (triton_step.TritonPlanner: its step one Triton kernel)."""
+    planner_class = planner_class or StaticPlanner
     graphs = config.cuda_graphs and prefix.device.type == "cuda" and buffers is not None
     weights = tuple((p.data_ptr(), p._version) for p in model.parameters())  # changed in place: a new version
     context = max(config.context, prefix.shape[1] // model.config.transition_dim + 1)  # (a longer prefix: room)
-    key = ("static", id(model), id(tokenizer), weights, prefix.shape[0], context, astuple(config), graphs)
+    key = (planner_class.__name__, id(model), id(tokenizer), weights, prefix.shape[0], context, astuple(config),
+           graphs)
 
     def make():
         runner = CUDAGraphs() if graphs else Eager()
-        return StaticPlanner(model, tokenizer, config, prefix.shape[0], runner, context)
+        return planner_class(model, tokenizer, config, prefix.shape[0], runner, context)
 
     planner = buffers.take_kept(key, make) if buffers is not None else make()
     try:
