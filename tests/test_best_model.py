@@ -27,6 +27,7 @@ from ttlib.checkpoints import (
     read_checkpoint,
     weights_info,
 )
+from ttlib.tokenizer import NoBinMeansWarning
 from ttlib.train import TrainConfig, fit_recipe, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,15 +73,17 @@ def test_the_best_model_is_kept_beside_the_last(overfit_run):
     history, best = payload["history"], payload["best"]
     last_step = history[-1]["step"]
     assert last_step == OVERFIT["steps"] - 1 and payload["step"] == OVERFIT["steps"]  # resume goes on from here
-    # the kept evaluation: the latest within TIE of the lowest so far, replayed from the history
+    # the kept evaluation: the latest within TIE of the lowest so far of the action tokens' validation loss (what
+    # the planner samples from), replayed from the history
+    assert best["on"] == "val_action_loss"
     replay = BestModel()
     for row in history:
-        replay.observe(row["step"], row["val_loss"])
+        replay.observe(row["step"], row["val_action_loss"], "val_action_loss")
     assert best == replay.summary()
-    lowest = min(row["val_loss"] for row in history)
+    lowest = min(row["val_action_loss"] for row in history)
     assert best["lowest"] == lowest and best["val_loss"] <= (1 + TIE) * lowest
     # this run overfits: its best is far back, and its last model is far worse on held-out episodes
-    assert best["step"] <= last_step / 2 and history[-1]["val_loss"] > 1.2 * best["val_loss"], history
+    assert best["step"] <= last_step / 2 and history[-1]["val_action_loss"] > 1.2 * best["val_loss"], history
     assert best["behind"] == sum(row["step"] > best["step"] for row in history)
     # both models are in the one file: the best as "model", the last beside it
     assert not all(torch.equal(payload["model"][k], v) for k, v in payload["last_model"].items())
@@ -102,7 +105,7 @@ def test_training_says_it_overfits_and_which_model_it_kept(overfit_run):
     assert sum(line.startswith("overfitting: the validation loss has been more than 10% above its lowest")
                for line in lines) == 1, result.stdout  # said once, the moment it is so
     final = lines[-1]
-    assert f"best model: step {best['step']}, validation loss {best['val_loss']:.3f}" in final
+    assert f"best model: step {best['step']}, validation loss of the action tokens {best['val_loss']:.3f}" in final
     assert f"--which last for step {OVERFIT['steps'] - 1}'s" in final
     assert "Overfitting: the validation loss" in final
     for remedy in ("fewer --steps", "more --dropout", "a smaller model", "more data", "--early-stop 3"):
@@ -251,7 +254,8 @@ def test_the_recipe_fits_the_datasets_size():
 
 def test_no_alarm_and_the_last_model_kept_on_the_course_runs():
     """The shipped runs, replayed: the course's own data raise no overfitting warning, and the model the rule keeps
-    is the last step's -- the one shipped -- so the README's commands still make the shipped checkpoints."""
+    is the last step's -- the one shipped. (They were kept on the total validation loss, the only one their
+    histories log; runs now keep the best on the action tokens'.)"""
     for name in ("tt_lunarlander.safetensors", "dt_lunarlander.safetensors"):
         history = read_checkpoint(str(ROOT / "assets" / name), kind=None)["history"]
         assert overfitting(history) is None
@@ -259,3 +263,26 @@ def test_no_alarm_and_the_last_model_kept_on_the_course_runs():
         for row in history:
             best.observe(row["step"], row["val_loss"])
         assert best.step == history[-1]["step"], name
+
+
+def test_an_old_checkpoints_tokenizer_is_refreshed_with_its_bins_means(overfit_run, tmp_path):
+    """tools/refresh_tokenizer: the means computed again from the data the checkpoint names are the ones a fresh run
+    keeps; the model and the rest of the file stay as they were; data that fits other edges is refused."""
+    from tools.refresh_tokenizer import refresh
+
+    _, out, _ = overfit_run
+    payload = read_checkpoint(str(out))
+    fresh = payload["tokenizer"]
+    assert "means" in fresh  # a run keeps them
+    old = tmp_path / "old.pt"
+    write_payload(str(old), {**payload, "tokenizer": {k: v for k, v in fresh.items() if k != "means"}})
+    with pytest.warns(NoBinMeansWarning):
+        load_checkpoint(str(old), device="cpu")
+    refreshed = refresh(str(old), str(tmp_path / "new.pt"), progress=False)
+    assert refreshed == fresh
+    again = read_checkpoint(str(tmp_path / "new.pt"))
+    assert again["tokenizer"] == fresh and all(torch.equal(again["model"][k], v) for k, v in payload["model"].items())
+    other = {**payload, "train_config": {**payload["train_config"], "seed": 1}}  # another split: other edges
+    write_payload(str(old), other)
+    with pytest.raises(CheckpointError, match="not the checkpoint's"):
+        refresh(str(old), progress=False)

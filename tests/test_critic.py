@@ -26,7 +26,7 @@ from ttlib.critic import (
 )
 from ttlib.data import subset
 from ttlib.distributed import pack, unpack_critic
-from ttlib.planning import beam_plan, bin_centers, critic_planner
+from ttlib.planning import beam_plan, critic_planner, decoded
 
 
 @pytest.fixture(scope="module")
@@ -159,20 +159,34 @@ def critic_for(tokenizer, seed=0):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_critic_planner_takes_the_action_its_critic_ranks_first(seed):
-    """Horizon 1: every sampled action is scored Q(s, a) and the plan is the best of them, with that score."""
+@pytest.mark.parametrize("real", [True, False], ids=["real observation", "decoded prefix"])
+def test_the_critic_planner_takes_the_action_its_critic_ranks_first(seed, real):
+    """Horizon 1: every sampled action is scored Q(s, a) and the plan is the best of them, with that score; s is
+    the real observation when the caller gives it, else the prefix's last observation decoded."""
     model, tok = random_model(PRESETS["tiny"], dtype=torch.float64, seed=seed)
     critic = critic_for(tok, seed).double()
     c = model.config
     prefix = torch.randint(0, c.n_bins, (3, c.obs_dim), generator=torch.Generator().manual_seed(seed))
+    observation = torch.randn(3, c.obs_dim, generator=torch.Generator().manual_seed(seed)) if real else None
     trace = []
     plan = beam_plan(model, tok, prefix, torch.tensor([5, 6, 7]), critic_planner(beam_width=4, sample_expand=3),
-                     trace=trace, critic=critic)
+                     trace=trace, critic=critic, observation=observation)
     scores = trace[0][0].view(3, -1)  # (E, children)
     assert torch.allclose(plan.score.double(), scores.max(dim=1).values)
-    state = bin_centers(tok, prefix, slice(0, c.obs_dim)).double()  # the state the model sees, decoded
-    q = critic.q(state, plan.actions[:, 0].double()).detach()
+    state = observation if real else decoded(tok, prefix, slice(0, c.obs_dim))
+    q = critic.q(state.double(), plan.actions[:, 0].double()).detach()
     assert torch.allclose(plan.score.double(), q, atol=1e-5)
+    other = critic.q(decoded(tok, prefix, slice(0, c.obs_dim)).double() if real else torch.zeros(3, c.obs_dim,
+                     dtype=torch.float64), plan.actions[:, 0].double()).detach()
+    assert not torch.allclose(plan.score.double(), other, atol=1e-5)  # the other state would score otherwise
+
+
+def test_the_critic_planner_refuses_an_observation_of_the_wrong_shape():
+    model, tok = random_model(PRESETS["tiny"])
+    prefix = torch.zeros(2, model.config.obs_dim, dtype=torch.long)
+    with pytest.raises(ValueError, match="observation must be"):
+        beam_plan(model, tok, prefix, torch.tensor([0, 1]), critic_planner(), critic=critic_for(tok),
+                  observation=torch.zeros(2, model.config.obs_dim + 1))
 
 
 def test_a_critic_planner_without_a_critic_says_how_to_get_one():

@@ -137,17 +137,25 @@ WRONG_QUANTILES = '''def quantile_edges(x, n_bins):
 RAISING_QUANTILES = '''def quantile_edges(x, n_bins):
     return np.quantile(x, n_bins, axis=0).T  # raises ValueError: quantiles must be in [0, 1]
 '''
-LOOPING_DECODE = '''def decode(bins, edges):
-    centres = []
-    while len(centres) < bins.size:  # never grows: loops forever (and later cells call it again)
-        centres + [0.0]
-    return np.array(centres)
+LOOPING_DECODE = '''def bin_means(x, edges):
+    means = []
+    while len(means) < edges.size:  # never grows: loops forever (and later cells call it again)
+        means + [0.0]
+    return np.array(means)
+
+
+def decode(bins, means):
+    return means[np.arange(means.shape[0]), bins]
 '''
-HOGGING_DECODE = '''def decode(bins, edges):
-    centres = []
-    while len(centres) >= 0:  # always true: appends 80 MB a round, forever
-        centres.append(np.ones(10_000_000))
-    return np.array(centres)
+HOGGING_DECODE = '''def bin_means(x, edges):
+    means = []
+    while len(means) >= 0:  # always true: appends 80 MB a round, forever
+        means.append(np.ones(10_000_000))
+    return np.array(means)
+
+
+def decode(bins, means):
+    return means[np.arange(means.shape[0]), bins]
 '''
 
 # Wrong answers come from tests/wrong_answers/ (tests/test_exercises.py runs each against its exercise's test cell);

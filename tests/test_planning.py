@@ -123,10 +123,10 @@ def test_plan_shapes_and_decoding():
     assert plan.actions.shape == (2, 3, A) and plan.observations.shape == (2, 2, O)
     assert plan.rewards.shape == plan.values.shape == (2, 3) and plan.score.shape == (2,)
     assert plan.bins.shape == (2, 3 * (A + 2) + 2 * O)
-    # decoded actions are bin centres of the action dimensions
-    centers = tok.centers[O:O + A]
+    # decoded actions are what the action dimensions' bins hold (their means)
+    means = tok.means[O:O + A]
     for j in range(A):
-        assert np.isin(plan.actions[..., j].numpy(), centers[j].astype(np.float32)).all()
+        assert np.isin(plan.actions[..., j].numpy(), means[j].astype(np.float32)).all()
     # the score is what the plan's own rewards and final value say
     g = 0.99
     expected = sum(g**t * plan.rewards[:, t] for t in range(3)) + g**3 * plan.values[:, 2]

@@ -6,6 +6,7 @@ import torch
 
 from ttlib import data as ttdata
 from ttlib import rollout
+from ttlib.critic import Critic
 from ttlib.model import GPTConfig, TrajectoryGPT
 from ttlib.planning import PlannerConfig
 from ttlib.rollout import EvalResult, evaluate, save_video
@@ -113,3 +114,32 @@ def test_return_stats_give_the_standard_error_and_the_share_below_zero():
     assert "(seeds 0-3)" in result.summary()  # a run of seeds is named; scattered seeds are not called a run
     scattered = EvalResult(seeds=[3, 9], returns=np.array([1.0, 2.0]), lengths=np.ones(2, int), seconds=1.0)
     assert "seeds" not in scattered.summary()
+
+
+class RecordingCritic(Critic):
+    """A real (randomly initialised) critic that also keeps every state it is asked to score."""
+
+    def __init__(self):
+        super().__init__(8, 2, hidden=16, members=1)
+        self.states = []
+
+    def q(self, obs, act):
+        self.states.append(obs.detach().cpu().clone())
+        return super().q(obs, act)
+
+
+def test_the_critic_planner_scores_the_observation_the_environment_gave(lander_model):
+    """Not its bins decoded: the lander at rest on its legs is (.., 1, 1), and "leg up" is exactly 0."""
+    model, tok = lander_model
+    critic = RecordingCritic().double().eval()
+    planner = PlannerConfig(beam_width=2, horizon=1, sample_expand=2, context=2, value="critic")
+    evaluate(model, tok, ENV, [3, 4], planner, max_steps=1, progress=False, critic=critic)
+    first = critic.states[0]  # (E*W*X, 8): every child of both environments, at the first decision
+    for e, seed in enumerate([3, 4]):
+        env = rollout.make_env(ENV)
+        observation, _ = env.reset(seed=seed)
+        env.close()
+        rows = first.view(2, -1, 8)[e]
+        assert torch.equal(rows, torch.as_tensor(observation, dtype=rows.dtype).expand_as(rows))
+        assert not torch.equal(rows[0], torch.as_tensor(tok.decode(tok.encode(observation[None], slice(0, 8)),
+                                                                   slice(0, 8))[0], dtype=rows.dtype))

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from ttlib import data as ttdata
+from ttlib.best_model import BestModel
 from ttlib.checkpoints import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from ttlib.model import GPTConfig, TrajectoryGPT
-from ttlib.train import TrainConfig, learning_rate, train
+from ttlib.model import KINDS, GPTConfig, TrajectoryGPT
+from ttlib.train import TrainConfig, kind_sums, learning_rate, train
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,45 @@ def test_training_drives_the_loss_well_below_its_start(course_data, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(x)[0], result.model.cpu()(x)[0])
     assert [p.name for p in tmp_path.iterdir()] == ["tt.pt"]  # no temporary file left
+    # every evaluation logs each kind of token's loss, and what the run cost so far; the file keeps the history
+    for row in payload["history"]:
+        assert all(row[f"val_{kind}_loss"] > 0 for kind in KINDS), row
+        assert row["windows"] == (row["step"] + 1) * 32 and row["device"] == "cpu"
+    assert [row["seconds"] for row in payload["history"]] == sorted(row["seconds"] for row in payload["history"])
+    assert last["val_action_loss"] < first["val_action_loss"]  # what the planner samples from was learned too
+    # the model kept is the best on the action tokens' validation loss (the total stays in the history)
+    assert payload["best"]["on"] == "val_action_loss"
+    replay = BestModel()
+    for row in payload["history"]:
+        replay.observe(row["step"], row["val_action_loss"], "val_action_loss")
+    assert payload["best"] == replay.summary()
+
+
+def test_the_kinds_losses_add_up_to_the_training_loss():
+    """The weighted sum of the kinds' summed cross-entropies, over the real targets, is the model's own loss."""
+    torch.manual_seed(0)
+    model = TrajectoryGPT(GPTConfig(obs_dim=3, act_dim=2, n_bins=20, n_layer=1, n_head=2, n_embd=16,
+                                    n_transitions=3, dropout=0.0)).eval()
+    bins = torch.randint(0, 20, (4, model.config.block_size))
+    mask = (torch.rand(4, model.config.block_size - 1) > 0.3).float()
+    sums = kind_sums(model, bins[:, :-1], bins[:, 1:], mask)  # (2, 4)
+    assert sums[1].sum() == mask.sum()  # every real target is of one kind
+    assert sums[1].tolist() == [(mask * (model.target_kinds(mask.shape[1]) == k)).sum().item() for k in range(4)]
+    weights = torch.tensor([1.0, model.config.action_weight, model.config.reward_weight, model.config.value_weight])
+    _, loss = model(bins[:, :-1], bins[:, 1:], mask)
+    torch.testing.assert_close((sums[0] * weights).sum() / mask.sum(), loss)
+    assert model.target_kinds(7).tolist() == [0, 0, 1, 1, 2, 3, 0]  # obs 1, 2, act 0, 1, reward, value, next obs 0
+
+
+def test_the_model_kept_follows_keep_best_on(course_data):
+    result = train(small_config(steps=41, eval_every=10, keep_best_on="total"), data=course_data, progress=False)
+    assert result.best["on"] == "val_loss"
+    replay = BestModel()
+    for row in result.history:
+        replay.observe(row["step"], row["val_loss"])
+    assert result.best == replay.summary()
+    with pytest.raises(ValueError, match="keep_best_on must be one of action, total"):
+        train(small_config(steps=2, keep_best_on="reward"), data=course_data, progress=False)
 
 
 def test_resume_continues_where_it_stopped(course_data, tmp_path):
@@ -55,6 +95,9 @@ def test_resume_continues_where_it_stopped(course_data, tmp_path):
     assert payload["step"] == 21 and "optimizer" in payload
     resumed = train(config, out=half, resume=half, data=course_data, progress=False)
     assert resumed.history[-1]["step"] == 39
+    # what the resumed checkpoint records of its training counts the first part too
+    assert resumed.history[-1]["windows"] == 40 * 32
+    assert resumed.history[-1]["seconds"] > payload["history"][-1]["seconds"]
     # the learning-rate schedule depends on the total, so compare with an uninterrupted run of the same total
     assert abs(resumed.history[-1]["train_loss"] - straight.history[-1]["train_loss"]) < 0.5
 

@@ -24,17 +24,23 @@ OVERFIT_EVALS = 3  # ... for this many evaluations in a row
 @dataclass
 class BestModel:
     """The model a run keeps: that of the latest evaluation whose validation loss was within TIE of the lowest
-    so far (closer than that is the estimate's noise, and a tie goes to the longer-trained model)."""
+    so far (closer than that is the estimate's noise, and a tie goes to the longer-trained model). Which validation
+    loss is `on`: the Trajectory GPT's runs compare the action tokens' (what the planner samples), the total is
+    kept beside it in the history."""
     step: int | None = None  # the kept evaluation's step (None until one is kept)
-    val_loss: float | None = None  # its validation loss
+    val_loss: float | None = None  # its validation loss (the one named by `on`)
     lowest: float = math.inf  # the lowest validation loss so far
     lowest_step: int | None = None  # the step it was measured at
     behind: int = 0  # evaluations since the kept one, in a row (each more than TIE above the lowest)
     weights: dict | None = field(default=None, repr=False)  # the kept model's state dict (copies on the CPU)
     latest: bool = True  # the kept model is the latest evaluation's (so the last step's is the same)
+    on: str = "val_loss"  # the history's column compared: "val_loss" (all tokens) or e.g. "val_action_loss"
 
-    def observe(self, step: int, val_loss: float) -> bool:
-        """Record an evaluation. True if its model is now the one to keep (then call `keep`)."""
+    def observe(self, step: int, val_loss: float, on: str = "val_loss") -> bool:
+        """Record an evaluation's loss `on` (a history column). True if its model is now the one to keep (then call
+        `keep`). A run resumed with another criterion than its checkpoint's starts the comparison again."""
+        if on != self.on:  # compared afresh: the lowest so far was another loss
+            self.lowest, self.lowest_step, self.behind, self.on = math.inf, None, 0, on
         if val_loss < self.lowest:
             self.lowest, self.lowest_step = val_loss, step
         self.latest = val_loss <= (1 + TIE) * self.lowest
@@ -50,7 +56,7 @@ class BestModel:
     def summary(self) -> dict:
         """What a checkpoint records of it (beside the weights)."""
         return {"step": self.step, "val_loss": self.val_loss, "lowest": self.lowest, "lowest_step": self.lowest_step,
-                "behind": self.behind}
+                "behind": self.behind, "on": self.on}
 
     @classmethod
     def from_payload(cls, payload: dict) -> BestModel:
@@ -89,7 +95,9 @@ def best_line(best: dict | None, history: list[dict]) -> str:
     if best is None or best.get("step") is None:
         return "no validation loss was measured: the checkpoint holds the last step's model"
     last = history[-1]["step"]
-    line = f"best model: step {best['step']}, validation loss {best['val_loss']:.3f}"
+    on = best.get("on", "val_loss")
+    what = "validation loss" if on == "val_loss" else f"validation loss of the {on[4:-5]} tokens"
+    line = f"best model: step {best['step']}, {what} {best['val_loss']:.3f}"
     if best["lowest_step"] != best["step"]:
         line += f" (within {TIE:.0%} of the lowest, {best['lowest']:.3f} at step {best['lowest_step']})"
     if best["step"] == last:

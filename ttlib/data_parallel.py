@@ -38,7 +38,7 @@ from . import threads
 from .checkpoints import check_resume, pick_device, read_checkpoint
 from .model import GPTConfig, TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
-from .train import Shard, TrainConfig, TrainingError, TrainResult, fit_recipe, load_and_split
+from .train import Shard, TrainConfig, TrainingError, TrainResult, fit_recipe, kind_sums, load_and_split
 from .train import train as train_one
 
 __all__ = ["shard_objective", "shard_sums", "Worker", "train", "worker_main"]
@@ -92,6 +92,11 @@ class Worker(Shard):
     def eval_loss(self, model, batch) -> float:
         _, mean_loss = model(*batch)  # the model itself: there is no gradient to share
         return float(shard_objective(*shard_sums(mean_loss, batch[2]), self.world_size, all_reduce_sum)[1])
+
+    def eval_kinds(self, model, batch) -> torch.Tensor:
+        sums = kind_sums(model, *batch)  # (2, kinds) of this worker's slice
+        all_reduce_sum(sums)  # every worker's: the whole batch's, the same on every worker
+        return sums
 
 
 # ---- one worker process -------------------------------------------------------------------------------------------

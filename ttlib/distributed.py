@@ -117,9 +117,9 @@ class LocalWorker(ModelActor):
             while batch.running.any():
                 if batch.step == kill_at_step:
                     os._exit(1)  # a test hook: die mid-episode, as a preempted machine would
-                _, prefix, keys = batch.observe()
+                active, prefix, keys = batch.observe()
                 plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers,
-                                 critic=self.critic)
+                                 critic=self.critic, observation=torch.as_tensor(batch.obs[active]))
                 batch.act(plan.actions[:, 0].numpy())
             return batch.returns, batch.lengths, batch.contexts.clipped
         finally:
@@ -154,8 +154,9 @@ class EnvWorker:
         out = {"ended": [(int(e), float(b.returns[e]), int(b.lengths[e])) for e in ended],
                "running": int(b.running.sum()), "clipped": b.contexts.clipped}
         if b.running.any():
-            _, prefix, keys = b.observe()
+            active, prefix, keys = b.observe()
             out["prefix"], out["keys"] = prefix.numpy(), keys.numpy()  # (n, P) bins, (n,) random keys
+            out["observation"] = np.asarray(b.obs[active], dtype=np.float32)  # (n, O) as the environments gave them
         return out
 
 
@@ -167,8 +168,10 @@ class Planner(ModelActor):
         if kill:
             os._exit(1)  # a test hook
         prefix, keys, counts = merge_observations(observations)
+        real = [o.get("observation") for o in observations]  # what the critic scores (None: the decoded prefix)
+        real = None if any(r is None for r in real) else torch.as_tensor(np.concatenate(real))  # (N, O)
         plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers,
-                         critic=self.critic)
+                         critic=self.critic, observation=real)
         parts = split_actions(plan.actions[:, 0].numpy(), counts)
         return tuple(parts) if len(parts) > 1 else parts[0]
 

@@ -23,6 +23,8 @@ from torch import nn
 
 from .attention import CausalSelfAttention, KVCache
 
+KINDS = ("obs", "action", "reward", "value")  # what a token is (training logs the validation loss of each)
+
 
 @dataclass
 class GPTConfig:
@@ -177,6 +179,14 @@ class TrajectoryGPT(nn.Module):
             mask = torch.ones_like(ce) if mask is None else mask.to(ce.dtype)
             loss = (ce * weight * mask).sum() / mask.sum().clamp(min=1)
         return logits, loss
+
+    def target_kinds(self, T: int) -> torch.Tensor:
+        """(T,) what each of T training targets is, an index into KINDS: the target at position t is token t + 1
+        of a window that starts with a transition."""
+        c = self.config
+        dims = torch.arange(1, T + 1, device=self.pos_emb.device) % c.transition_dim  # (T,)
+        kinds = (dims >= c.obs_dim).long() + (dims >= c.obs_dim + c.act_dim).long()  # obs 0, action 1, reward 2
+        return kinds + (dims == c.transition_dim - 1).long()  # value 3
 
     # ---- optimisation -------------------------------------------------------------------------------------
     def optimizer_groups(self, weight_decay: float):

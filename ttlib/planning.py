@@ -277,7 +277,7 @@ def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
 
 def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
               config: PlannerConfig, buffers: BufferPool | None = None, trace: list | None = None,
-              critic: Critic | None = None) -> Plan:
+              critic: Critic | None = None, observation: torch.Tensor | None = None) -> Plan:
     """Plan for E environments at once.
 
     prefix (E, P): every environment's context as bins, ending with its current observation (all E the same
@@ -287,7 +287,9 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     in evaluation mode (no dropout); its mode is restored afterwards. trace: a list to which every step appends
     (score (E*W*X,) of its children, keep (E*W,) the rows it kept), on the CPU: the search tree, for
     `viz.plot_beam_tree`. critic: the Q critic that `config.value == "critic"` scores with (on the model's
-    device); ignored with `value="token"`. On a GPU with buffers kept the search runs with static shapes
+    device); ignored with `value="token"`. observation (E, obs_dim): the current observations as the environments
+    gave them, which the critic scores the first action in (None: the prefix's last observation, decoded). On a GPU
+    with buffers kept the search runs with static shapes
     (`static_decoder`), replayed as CUDA graphs; otherwise, with a critic or a trace, on the fused decoder.
     """
     check_critic(config, critic)
@@ -295,7 +297,7 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     model.eval()
     try:
         return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace,
-                          critic if config.value == "critic" else None)
+                          critic if config.value == "critic" else None, observation)
     finally:
         model.train(was_training)
 
@@ -319,7 +321,8 @@ class Beams:
     discounted_rewards: torch.Tensor  # (rows,) sum_k gamma^k E[r_k] so far
     rewards: torch.Tensor  # (rows, H) expected reward of every step
     values: torch.Tensor  # (rows, H) expected value after every step
-    states: torch.Tensor  # (rows, obs_dim) the observation the next action is taken in, decoded (critic only)
+    states: torch.Tensor  # (rows, obs_dim) the observation the next action is taken in (critic only): the real
+    #                       one at the first step, the model's decoded one after it
     log_likelihood: torch.Tensor  # (rows,) sum of log p of the action bins sampled so far, under the model
 
     def rows(self, index: torch.Tensor) -> Beams:
@@ -332,11 +335,11 @@ class Beams:
         self.generated = torch.cat([self.generated, bins[:, None]], dim=1)
 
 
-def bin_centers(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, dims: slice) -> torch.Tensor:
-    """bins (rows, n) of the n consecutive dimensions `dims` -> what they decode to, (rows, n) float32, on bins'
-    device: `tokenizer.decode` without leaving torch."""
-    centers = torch.as_tensor(tokenizer.centers[dims], dtype=torch.float32, device=bins.device)  # (n, n_bins)
-    return centers.gather(1, bins.T).T
+def decoded(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, dims: slice) -> torch.Tensor:
+    """bins (rows, n) of the n consecutive dimensions `dims` -> what they decode to (each bin's mean), (rows, n)
+    float32, on bins' device: `tokenizer.decode` without leaving torch."""
+    means = torch.as_tensor(tokenizer.means[dims], dtype=torch.float32, device=bins.device)  # (n, n_bins)
+    return means.gather(1, bins.T).T
 
 
 def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, action_bins: list, critic):
@@ -347,12 +350,12 @@ def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, ac
     if critic is None:
         return beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
     O, A = tokenizer.obs_dim, tokenizer.act_dim
-    actions = bin_centers(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (rows, A)
+    actions = decoded(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (rows, A)
     return rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
 
 
 @torch.inference_mode()
-def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None) -> Plan:
+def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
     config.validate()
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
@@ -366,8 +369,7 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
         model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each
     logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
     zeros = logits.new_zeros(E * W, H)
-    states = (bin_centers(tokenizer, prefix[:, -O:], slice(0, O)) if critic is not None  # (E, O): the current
-              else prefix.new_zeros(E, 0, dtype=torch.float32))  # observation, for the critic; without one, nothing
+    states = current_states(tokenizer, prefix, observation, critic is not None)  # (E, O), or (E, 0) without a critic
     beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone(),
                   states.repeat_interleave(W, 0), zeros[:, 0].clone())
     row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1) every child's environment key
@@ -410,11 +412,25 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
             beams.append(bins)
             logits = decoder.feed(bins)
         if critic is not None:
-            beams.states = bin_centers(tokenizer, beams.generated[:, -O:], slice(0, O))  # (E*W, O)
+            beams.states = decoded(tokenizer, beams.generated[:, -O:], slice(0, O))  # (E*W, O) imagined
 
     decoder.release()
     best = score.view(E, W).argmax(dim=1) + torch.arange(E, device=device) * W  # (E,)
     return _decode_plan(tokenizer, beams.rows(best), score[best], H)
+
+
+def current_states(tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, observation, for_critic: bool):
+    """What the critic scores the first action in: the real current observation (E, O) when the caller knows it,
+    else the prefix's last observation decoded; (E, 0) when no critic scores."""
+    E, O = prefix.shape[0], tokenizer.obs_dim
+    if not for_critic:
+        return prefix.new_zeros(E, 0, dtype=torch.float32)
+    if observation is None:
+        return decoded(tokenizer, prefix[:, -O:], slice(0, O))
+    observation = torch.as_tensor(observation, dtype=torch.float32).to(prefix.device)
+    if observation.shape != (E, O):
+        raise ValueError(f"observation must be (environments, obs_dim) = ({E}, {O}), got {tuple(observation.shape)}")
+    return observation
 
 
 def _decode_plan(tokenizer, best: Beams, score, horizon) -> Plan:

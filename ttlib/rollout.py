@@ -317,8 +317,9 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
             first = record and batch.running[0]
             if first:
                 frames.append(batch.render_first())
-            _, prefix, keys = batch.observe()
-            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers, critic=critic)
+            active, prefix, keys = batch.observe()
+            plan = beam_plan(model, tokenizer, prefix.to(device), keys, planner, buffers, critic=critic,
+                             observation=torch.as_tensor(batch.obs[active]))  # the critic scores the real one
             if first:
                 plans.append((batch.step, _row(plan, 0)))
             # moves every step, also while no episode has ended yet; drawn at most once a second (tqdm's

@@ -158,7 +158,7 @@ class StaticPlanner:
         self.layers = [LayerWeights.of(block, D) for block in model.blocks]
         self.norm_f, self.tok_emb, self.pos_emb = norm_args(model.ln_f), model.tok_emb.weight, model.pos_emb
         self.head_weight, self.head_bias = model.head_weight, model.head_bias  # (td, C, N), (td, N)
-        self.reward_centers, self.value_centers = (torch.as_tensor(tokenizer.centers[d], dtype=p.dtype,
+        self.reward_means, self.value_means = (torch.as_tensor(tokenizer.means[d], dtype=p.dtype,
                                                                    device=p.device) for d in (-2, -1))  # (N,)
         self.beams = Rows(E * W, 1, self.G, H, self.N, p)
         self.children = Rows(E * W * X, X, self.G, H, self.N, p)
@@ -263,7 +263,7 @@ class StaticPlanner:
         if rows is self.children:  # actions are sampled; the reward is the likeliest bin
             uniform = self.uniforms.index_select(1, token[UNIFORM:UNIFORM + 1])[:, 0]
             bins = torch.where(token[SAMPLE].bool(), self._sample(logits, uniform), greedy)
-            reward = torch.softmax(logits, dim=-1) @ self.reward_centers  # (rows,)
+            reward = torch.softmax(logits, dim=-1) @ self.reward_means  # (rows,)
             rows.rewards.index_copy_(1, token[REWARD:REWARD + 1], reward[:, None])
         else:  # observations: the likeliest bin
             bins = greedy
@@ -319,7 +319,7 @@ class StaticPlanner:
         each survivor's own tokens moved together."""
         c, children, beams, A, X = self.config, self.children, self.beams, self.A, self.X
         logits = children.logits
-        children.values[:, t] = torch.softmax(logits, dim=-1) @ self.value_centers
+        children.values[:, t] = torch.softmax(logits, dim=-1) @ self.value_means
         discounted = children.discounted + c.gamma**t * children.rewards[:, t]
         score = discounted + c.value_weight * c.gamma ** (t + 1) * children.values[:, t]
         keep = best_children(score, self.E, self.W)  # (E*W,)

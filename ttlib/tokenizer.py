@@ -10,8 +10,10 @@ Two ways to place the bin edges:
   reward) stretch the range so that most data falls into a handful of bins.
 - "quantile": every bin holds about the same number of data points, so resolution goes where the data is.
 
-Decoding maps a bin to its centre, so the round-trip error is at most half a bin's width. For reward and value,
-the model's whole distribution over bins is more useful than one sample: `expectation(probs)` is its mean.
+Decoding maps a bin to what it holds in the data: the mean of the fitted values that fell in it (its centre if
+none did). A value comes back within its bin, and a dimension that takes few values (a leg contact's 0 and 1, a
+flag, a gripper state) comes back exactly: each of its values fills bins of its own. For reward and value, the
+model's whole distribution over bins is more useful than one sample: `expectation(probs)` is its mean.
 Each dimension has its own slice of the model's vocabulary: token id = bin + dimension * n_bins (`offsets`).
 """
 
@@ -36,10 +38,21 @@ class ClippingWarning(UserWarning):
     """Values outside the fitted range were clipped to the first or last bin."""
 
 
+class NoBinMeansWarning(UserWarning):
+    """A tokenizer saved before ttlib kept its bins' means: its bins decode to their centres."""
+
+
+NO_MEANS = ("this tokenizer was saved before ttlib kept what each bin holds (the mean of its data): its bins "
+            "decode to their centres, so a binary dimension's 0 may come back as 0.5. Refresh it from the data it "
+            "was fitted on: `tokenizer.fit_means(rows)`, or for a checkpoint `python -m tools.refresh_tokenizer "
+            "CHECKPOINT` (docs/TRAINING.md)")
+
+
 class TrajectoryTokenizer:
     """Per-dimension binning of (observation, action, reward, value) transitions."""
 
-    def __init__(self, edges: np.ndarray, obs_dim: int, act_dim: int, strategy: str = "quantile"):
+    def __init__(self, edges: np.ndarray, obs_dim: int, act_dim: int, strategy: str = "quantile",
+                 means: np.ndarray | None = None):
         edges = np.asarray(edges, dtype=np.float64)
         if edges.ndim != 2 or edges.shape[0] != obs_dim + act_dim + 2:
             raise ValueError(f"edges must be (obs_dim + act_dim + 2, n_bins + 1), got {edges.shape}")
@@ -47,7 +60,12 @@ class TrajectoryTokenizer:
         self.obs_dim = obs_dim
         self.act_dim = act_dim
         self.strategy = strategy
-        self.centers = (edges[:, :-1] + edges[:, 1:]) / 2  # (transition_dim, n_bins): what a bin decodes to
+        self.centers = (edges[:, :-1] + edges[:, 1:]) / 2  # (transition_dim, n_bins): each bin's middle
+        self.has_means = means is not None  # False: fitted before ttlib kept means; bins decode to centres
+        means = self.centers if means is None else np.asarray(means, dtype=np.float64)
+        if means.shape != self.centers.shape:
+            raise ValueError(f"means must be (transition_dim, n_bins) = {self.centers.shape}, got {means.shape}")
+        self.means = means  # (transition_dim, n_bins): what a bin decodes to, the mean of the data in it
 
     # ---- layout -------------------------------------------------------------------------------------------
     @property
@@ -101,7 +119,7 @@ class TrajectoryTokenizer:
         else:
             edges = np.quantile(transitions, np.linspace(0, 1, n_bins + 1), axis=0).T  # (transition_dim, n_bins+1)
             edges = np.maximum.accumulate(edges, axis=1)  # guard against rounding making edges non-monotone
-        return cls(edges, obs_dim, act_dim, strategy)
+        return cls(edges, obs_dim, act_dim, strategy).fit_means(transitions)
 
     @classmethod
     def fit_dataset(cls, data, n_bins: int = 100, strategy: str = "quantile") -> TrajectoryTokenizer:
@@ -109,6 +127,16 @@ class TrajectoryTokenizer:
         t = data.transitions()
         rows = joined(t["observations"], t["actions"], t["rewards"], t["values"])
         return cls.fit(rows, data.obs_dim, data.act_dim, n_bins, strategy)
+
+    def fit_means(self, transitions: np.ndarray) -> TrajectoryTokenizer:
+        """Keep what every bin holds: the mean of the (N, transition_dim) rows' values that fall in it, its centre
+        where none does. Call it with the rows the edges were fitted on (`fit` does). Returns self."""
+        transitions = np.asarray(transitions, dtype=np.float64)
+        if transitions.ndim != 2 or transitions.shape[1] != self.transition_dim:
+            raise ValueError(f"expected (N, {self.transition_dim}) transitions, got {transitions.shape}")
+        self.means = bin_means(transitions, self.encode(transitions, on_clip="ignore"), self.centers)
+        self.has_means = True
+        return self
 
     # ---- encode / decode ----------------------------------------------------------------------------------
     def _dims(self, dims) -> np.ndarray:
@@ -146,17 +174,17 @@ class TrajectoryTokenizer:
         return bins
 
     def decode(self, bins, dims=None) -> np.ndarray:
-        """Bins (..., len(dims)) -> bin centres (..., len(dims)) float64."""
+        """Bins (..., len(dims)) -> what they hold, (..., len(dims)) float64: each bin's mean (see `means`)."""
         bins = np.asarray(bins)
         dims = self._dims(dims)
         if bins.min(initial=0) < 0 or bins.max(initial=0) >= self.n_bins:
             raise ValueError(f"bins must lie in [0, {self.n_bins})")
-        return self.centers[dims, bins]  # fancy indexing broadcasts dims over the leading axes
+        return self.means[dims, bins]  # fancy indexing broadcasts dims over the leading axes
 
     def expectation(self, probs: torch.Tensor, dim: int) -> torch.Tensor:
-        """Mean of the distribution `probs` (..., n_bins) over dimension `dim`'s bin centres -> (...)."""
-        centers = torch.as_tensor(self.centers[dim], dtype=probs.dtype, device=probs.device)
-        return probs @ centers
+        """Mean of the distribution `probs` (..., n_bins) over what dimension `dim`'s bins hold -> (...)."""
+        means = torch.as_tensor(self.means[dim], dtype=probs.dtype, device=probs.device)
+        return probs @ means
 
     def encode_transitions(self, observations, actions, rewards, values, on_clip: str = "warn") -> np.ndarray:
         """(..., obs), (..., act), (...), (...) -> (..., transition_dim) bins."""
@@ -164,12 +192,20 @@ class TrajectoryTokenizer:
 
     # ---- persistence --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"edges": self.edges.tolist(), "obs_dim": self.obs_dim, "act_dim": self.act_dim,
-                "strategy": self.strategy}
+        """Plain JSON: the edges, the layout and (once fitted) every bin's mean."""
+        state = {"edges": self.edges.tolist(), "obs_dim": self.obs_dim, "act_dim": self.act_dim,
+                 "strategy": self.strategy}
+        return {**state, "means": self.means.tolist()} if self.has_means else state
 
     @classmethod
     def from_state_dict(cls, state: dict) -> TrajectoryTokenizer:
-        return cls(np.asarray(state["edges"]), state["obs_dim"], state["act_dim"], state["strategy"])
+        """A saved tokenizer. One saved without means (older ttlib) decodes to its bins' centres, and says so once
+        (NoBinMeansWarning, with how to refresh it)."""
+        means = state.get("means")
+        if means is None:
+            warnings.warn(NO_MEANS, NoBinMeansWarning, stacklevel=2)
+        return cls(np.asarray(state["edges"]), state["obs_dim"], state["act_dim"], state["strategy"],
+                   None if means is None else np.asarray(means))
 
     def save(self, path: str) -> None:
         """Write JSON atomically (temporary file + rename): a crash never leaves half a file."""
@@ -191,3 +227,13 @@ def joined(observations, actions, rewards, values) -> np.ndarray:
     return np.concatenate([np.asarray(observations, dtype=np.float64), np.asarray(actions, dtype=np.float64),
                            np.asarray(rewards, dtype=np.float64)[..., None],
                            np.asarray(values, dtype=np.float64)[..., None]], axis=-1)
+
+
+def bin_means(values: np.ndarray, bins: np.ndarray, empty: np.ndarray) -> np.ndarray:
+    """values (N, D) and their bins (N, D) -> (D, K): the mean of the values in every bin; `empty` (D, K) where a
+    bin holds none."""
+    D, K = empty.shape
+    flat = (bins + np.arange(D) * K).ravel()  # (N*D,) one index per (dimension, bin)
+    sums = np.bincount(flat, weights=values.ravel(), minlength=D * K).reshape(D, K)
+    counts = np.bincount(flat, minlength=D * K).reshape(D, K)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), empty)

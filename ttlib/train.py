@@ -34,7 +34,7 @@ from .checkpoints import (  # noqa: F401 (default_checkpoint, load_checkpoint: t
 )
 from .critic import load_critic  # noqa: F401 (the notebooks call it from train)
 from .data import split_episodes, subset  # (notebook 03 calls them from train too)
-from .model import GPTConfig, TrajectoryGPT
+from .model import KINDS, GPTConfig, TrajectoryGPT
 from .tokenizer import TrajectoryTokenizer
 
 
@@ -55,6 +55,11 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
     early_stop: int = 0  # stop after this many evaluations in a row more than TIE above the lowest (0: never)
     top_percent: float = 100.0  # learn from this percentage of the episodes, the highest returns first (100: all)
+
+    @property
+    def criterion(self) -> str:
+        """The history's column that picks the model a run keeps (BestModel): here the validation loss."""
+        return "val_loss"
 
     def settings(self) -> dict:
         """Every setting in one flat dict, the model's among them: what command-line options and resume checks
@@ -80,6 +85,7 @@ class RunConfig:
 
 
 FROM_DATA = ("obs_dim", "act_dim", "action_low", "action_high")  # model fields the dataset decides
+KEEP_BEST_ON = ("action", "total")  # TrainConfig.keep_best_on
 
 
 @dataclass
@@ -93,6 +99,13 @@ class TrainConfig(RunConfig):
     warmup_steps: int = 100  # linear warmup from 0 to lr
     weight_decay: float = 0.1  # AdamW decay on weight matrices
     grad_clip: float = 1.0  # clip the gradient's global norm to this
+    keep_best_on: str = "action"  # the validation loss that picks the model kept: "action" (the action tokens',
+    #                               what the planner samples its proposals from) or "total" (all tokens, weighted)
+
+    @property
+    def criterion(self) -> str:
+        """The history's column BestModel compares: val_action_loss or val_loss."""
+        return "val_loss" if self.keep_best_on == "total" else f"val_{self.keep_best_on}_loss"
 
     def model_config(self, obs_dim: int, act_dim: int) -> GPTConfig:
         """The model for data with these dimensions."""
@@ -103,7 +116,8 @@ class TrainConfig(RunConfig):
 class TrainResult:
     model: TrajectoryGPT  # with the best evaluation's weights (the checkpoint's model; see BestModel)
     tokenizer: TrajectoryTokenizer
-    history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss", "lr", "seconds"}
+    history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss", "val_obs_loss",
+    #                 "val_action_loss", "val_reward_loss", "val_value_loss", "lr", "seconds", "windows"}
     tokens_per_second: float = 0.0  # training throughput (input tokens processed per second)
     config: TrainConfig | None = None  # the settings the run had (fitted ones filled in)
     best: dict | None = None  # which evaluation's model was kept (BestModel.summary); None without validation
@@ -207,16 +221,39 @@ class Shard:
         """The whole batch's loss, in eval mode and without gradients."""
         return model(*batch)[1].item()
 
+    def eval_kinds(self, model, batch) -> torch.Tensor:
+        """(2, len(KINDS)) the whole batch's kind_sums (a data-parallel worker adds up every worker's)."""
+        return kind_sums(model, *batch)
+
+
+def kind_sums(model: TrajectoryGPT, inputs, targets, mask) -> torch.Tensor:
+    """(2, len(KINDS)): for each kind of token, the summed cross-entropy of the batch's real targets (unweighted)
+    and how many there are."""
+    logits, _ = model(inputs)  # (B, T, n_bins)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    ce = ce.view_as(mask) * mask  # (B, T)
+    kinds = torch.nn.functional.one_hot(model.target_kinds(targets.shape[1]), len(KINDS)).to(ce.dtype)  # (T, 4)
+    return torch.stack([ce.sum(0) @ kinds, mask.to(ce.dtype).sum(0) @ kinds])
+
 
 # ---- the loop -----------------------------------------------------------------------------------------------
 @torch.no_grad()
-def validation_loss(model, next_batch, n_batches: int, shard: Shard | None = None) -> float:
-    """Mean loss of `model(*next_batch())` over n_batches batches, in eval mode."""
+def validation_losses(model, next_batch, n_batches: int, shard: Shard | None = None) -> dict:
+    """In eval mode, over n_batches batches: "val_loss", the mean of `model(*next_batch())`'s loss (weighted as
+    training weights it), and for a Trajectory GPT "val_obs_loss", "val_action_loss", ...: the mean cross-entropy
+    of each kind of token (KINDS), unweighted."""
     shard = shard or Shard()
     model.eval()
-    losses = [shard.eval_loss(model, next_batch()) for _ in range(n_batches)]
+    losses, sums = [], 0
+    for _ in range(n_batches):
+        batch = next_batch()
+        losses.append(shard.eval_loss(model, batch))
+        if isinstance(model, TrajectoryGPT):
+            sums = sums + shard.eval_kinds(model, batch)  # (2, len(KINDS))
     model.train()
-    return float(np.mean(losses))
+    kinds = {f"val_{kind}_loss": float(sums[0, k] / sums[1, k]) for k, kind in enumerate(KINDS)
+             if isinstance(sums, torch.Tensor) and sums[1, k] > 0}
+    return {"val_loss": float(np.mean(losses)), **kinds}
 
 
 def train(config: TrainConfig | None = None, out: str | None = None, resume: str | None = None,
@@ -227,6 +264,8 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     data (fit_recipe; said when progress is on). Returns the best model, the tokenizer, the history.
     dtype: the model's (float64 for exactness checks); shard: this process's part in a data-parallel run."""
     config, shard = config or TrainConfig(), shard or Shard()
+    if config.keep_best_on not in KEEP_BEST_ON:
+        raise ValueError(f"keep_best_on must be one of {', '.join(KEEP_BEST_ON)}, got {config.keep_best_on!r}")
     device = shard.device or pick_device(config.device)
     torch.manual_seed(config.seed)
     data, train_data, val_data = load_and_split(config, data, config.gamma, progress)
@@ -336,15 +375,19 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
     ttlib.dt): `model(*next_batch())` returns (output, loss) -- through `shard`, which in a data-parallel run
     turns a worker's slice into its part of the whole batch's loss. Runs steps start .. config.steps-1 with the
     learning-rate schedule and gradient clipping; every `eval_every` steps and at the end it appends a row to
-    `history` (validation loss from `next_val_batch`, None without one), shows `best` the evaluation (it keeps a
-    copy of the weights if they are the best) and calls `checkpoint(step + 1)`. It warns once when the model
-    overfits (`overfitting`), and stops early after `config.early_stop` evaluations in a row behind the best.
+    `history` (validation losses from `next_val_batch`, None without one; what the run has cost so far: windows
+    seen, wall-clock seconds, resumed runs' included, and the device), shows `best` the evaluation's
+    `config.criterion` (it keeps a copy of the weights if they are the best) and calls `checkpoint(step + 1)`. It
+    warns once when the model overfits (`overfitting`), and stops early after `config.early_stop` evaluations in a
+    row behind the best.
     Returns the training throughput in tokens per second."""
     model.train()
     shard = shard or Shard()
     best = best if best is not None else BestModel()
     warned = False
     t0, tokens_seen, loss_ema = time.perf_counter(), 0, None
+    before = history[-1].get("seconds", 0.0) if history else 0.0  # a resumed run's time so far
+    device = str(next(model.parameters()).device) + (f" x {shard.world_size}" if shard.world_size > 1 else "")
     bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
                total=config.steps)
     for step in bar:
@@ -362,16 +405,17 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
         tokens_seen += tokens_per_step
         loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
         if step % config.eval_every == 0 or step == config.steps - 1:
-            val = validation_loss(model, next_val_batch, config.eval_batches, shard) if next_val_batch else None
-            history.append({"step": step, "train_loss": loss_ema, "val_loss": val,
-                            "lr": learning_rate(step, config), "seconds": time.perf_counter() - t0})
-            if val is not None and best.observe(step, val):
+            vals = validation_losses(model, next_val_batch, config.eval_batches, shard) if next_val_batch else {}
+            history.append({"step": step, "train_loss": loss_ema, "val_loss": None, **vals,
+                            "lr": learning_rate(step, config), "seconds": before + time.perf_counter() - t0,
+                            "windows": (step + 1) * config.batch_size, "device": device})
+            if vals and best.observe(step, vals[config.criterion], config.criterion):
                 best.keep(model)
             warning = overfitting(history)
             if warning and progress and not warned:
                 tqdm.write(warning)
             warned = warned or warning is not None
-            bar.set_postfix(_evaluation_postfix(loss_ema, val, best, warning))
+            bar.set_postfix(_evaluation_postfix(loss_ema, vals, best, warning, history))
             if checkpoint is not None:
                 checkpoint(step + 1)
             if config.early_stop and best.behind >= config.early_stop:
@@ -384,11 +428,15 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
     return tokens_seen / elapsed if elapsed > 0 else 0.0
 
 
-def _evaluation_postfix(loss_ema: float, val: float | None, best: BestModel, warning: str | None) -> dict:
-    """What the progress bar shows after an evaluation: the losses, the best model, and overfitting."""
-    postfix = {"loss": f"{loss_ema:.3f}", "val": f"{val:.3f}" if val is not None else "-"}
+def _evaluation_postfix(loss_ema: float, vals: dict, best: BestModel, warning: str | None, history) -> dict:
+    """What the progress bar shows after an evaluation: the losses (the action tokens' too), the best model (on
+    its criterion), and overfitting (of the total)."""
+    postfix = {"loss": f"{loss_ema:.3f}", "val": f"{vals['val_loss']:.3f}" if vals else "-"}
+    if "val_action_loss" in vals:
+        postfix["val action"] = f"{vals['val_action_loss']:.3f}"
     if best.step is not None:
         postfix["best"] = f"{best.val_loss:.3f}@{best.step}"
     if warning:
-        postfix["OVERFITTING"] = f"+{val / best.lowest - 1:.0%}"
+        lowest = min(row["val_loss"] for row in history if row.get("val_loss") is not None)
+        postfix["OVERFITTING"] = f"+{vals['val_loss'] / lowest - 1:.0%}"
     return postfix

@@ -58,25 +58,33 @@ def encode(x, edges):
      ("np.quantile(x, np.linspace(0, 1, n_bins + 1), axis=0)",
       "np.percentile(x, np.linspace(0, 1, n_bins + 1), axis=0)"),
      "quantile_edges(x = 0, 1, ..., 10 in each column, n_bins=5): "),
-    ("02-decode", "left edges instead of centres", ("(edges[:, :-1] + edges[:, 1:]) / 2", "edges[:, :-1]"),
-     "a bin decodes to its left edge"),
-    ("02-decode", "centres one bin to the right", ("centres[np.arange(edges.shape[0]), bins]",
-                                                   "centres[np.arange(edges.shape[0]), np.minimum(bins + 1, "
-                                                   "centres.shape[1] - 1)]"),
-     "the centre of the bin to its right"),
-    ("02-decode", "delegates to ttlib's decode", '''def decode(bins, edges):
-    return TrajectoryTokenizer(edges, edges.shape[0] - 2, 0).decode(bins)
-''', REFUSED),
-    ("02-decode", "reads ttlib's bin centres", '''def decode(bins, edges):
-    centres = TrajectoryTokenizer(edges, edges.shape[0] - 2, 0).centers
-    return centres[np.arange(edges.shape[0]), bins]
+    ("02-decode", "every bin decodes to its centre", ("        means[d, filled] = sums[filled] / counts[filled]\n",
+                                                      "        pass\n"),
+     "every bin decodes to its centre, not to the mean of what it holds"),
+    ("02-decode", "the mean of an empty bin is 0 / 0", ("        filled = counts > 0\n        means[d, filled] = "
+                                                        "sums[filled] / counts[filled]\n",
+                                                        "        with np.errstate(invalid=\"ignore\"):\n"
+                                                        "            means[d] = sums / counts\n"),
+     "a bin that no value falls in has no mean"),
+    ("02-decode", "means one bin to the right", ("means[np.arange(means.shape[0]), bins]",
+                                                 "means[np.arange(means.shape[0]), np.minimum(bins + 1, "
+                                                 "means.shape[1] - 1)]"),
+     "what the bin to its right holds"),
+    ("02-decode", "delegates to ttlib's decode", '''def bin_means(x, edges):
+    return TrajectoryTokenizer(edges, edges.shape[0] - 2, 0).fit_means(x).means
+
+
+def decode(bins, means):
+    return means[np.arange(means.shape[0]), bins]
 ''', REFUSED),
     # not in the catalogue before
-    ("02-decode", "right edges instead of centres", ("(edges[:, :-1] + edges[:, 1:]) / 2", "edges[:, 1:]"),
-     "a bin decodes to its right edge"),
-    ("02-decode", "centres indexed by the bins alone", ("centres[np.arange(edges.shape[0]), bins]", "centres[bins]"),
-     "the centres are indexed by the bins alone"),
-    ("02-decode", "the midpoint without brackets: e_b + e_{b+1} / 2",  # no diagnosis: where it differs
+    ("02-decode", "empty bins decode to 0", ("    means = (edges[:, :-1] + edges[:, 1:]) / 2  # (D, K): the centres, "
+                                            "kept where a bin is empty",
+                                            "    means = np.zeros((edges.shape[0], K))"),
+     "an empty bin decodes to 0"),
+    ("02-decode", "means indexed by the bins alone", ("means[np.arange(means.shape[0]), bins]", "means[bins]"),
+     "the means are indexed by the bins alone"),
+    ("02-decode", "the midpoint without brackets for empty bins: e_b + e_{b+1} / 2",  # no diagnosis: where it differs
      ("(edges[:, :-1] + edges[:, 1:]) / 2", "edges[:, :-1] + edges[:, 1:] / 2"),
-     "decode(bins [[0], [1]], edges [[0.0, 3.0, 5.0]]): 1 of 2 entries differ"),
+     "bin_means(x [[0.0, 5.0], [1.0, 5.0], [5.0, 5.0]], edges [[0.0, 2.0, 4.0, 6.0], [0.0, 2.0, 4.0, 6.0]]): "),
 ]

@@ -1,21 +1,24 @@
-"""Notebook 02's exercises: uniform edges and encoding, quantile edges, decoding to bin centres.
+"""Notebook 02's exercises: uniform edges and encoding, quantile edges, what a bin holds and decoding to it.
 
 The trials are tables like LunarLander's transitions: heavy-tailed columns (rewards with rare spikes), now and then
 a constant column, and a binary one like the leg contacts (whose quantile edges repeat). `encode` and `decode` are
-given ttlib's edges -- uniform or quantile -- so a mistake in an exercise's edges never shows up as one in its
-encoding. The course dataset itself is not loaded here (that takes seconds); its columns' kinds are.
+given ttlib's edges -- uniform or quantile -- and `decode` ttlib's means, so a mistake in an exercise's edges never
+shows up as one in its encoding, nor one in the means as one in decoding. The course dataset itself is not loaded
+here (that takes seconds); its columns' kinds are.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import tokenizer
 from ..tokenizer import TrajectoryTokenizer
 from . import Exercise, Mistake
 
 # ttlib's tokenizer, everything of it that fits or reads edges: the exercises rebuild it
 TOKENIZER = (TrajectoryTokenizer.__init__, TrajectoryTokenizer.fit, TrajectoryTokenizer.fit_dataset,
-             TrajectoryTokenizer.encode, TrajectoryTokenizer.encode_transitions, TrajectoryTokenizer.decode)
+             TrajectoryTokenizer.encode, TrajectoryTokenizer.encode_transitions, TrajectoryTokenizer.decode,
+             TrajectoryTokenizer.fit_means, tokenizer.bin_means)
 
 
 def table(rng) -> np.ndarray:
@@ -199,52 +202,81 @@ quantile_bins = Exercise(
 )
 
 
-# ---- exercise 3: decoding --------------------------------------------------------------------------------------------
+# ---- exercise 3: what a bin holds, and decoding ---------------------------------------------------------------------
+SMALL_X = np.array([[0.0, 5.0], [1.0, 5.0], [5.0, 5.0]])  # (3, 2): a worked case the message can show
+SMALL_EDGES = np.array([[0.0, 2.0, 4.0, 6.0], [0.0, 2.0, 4.0, 6.0]])  # (2, 4): three bins, the middle one empty
+
+
 def decode_trial(rng):
-    """(bins 0 and 1 of a dimension with small whole-number edges; random bins and ttlib's edges)."""
-    first, second = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    small = np.array([[0.0, first, first + second]])  # (1, 3): two bins
-    k = int(rng.integers(2, 60))
-    edges = fitted_edges(table(rng), k, str(rng.choice(["uniform", "quantile"])))
-    bins = rng.integers(0, k, size=(int(rng.integers(1, 40)), len(edges)))
-    return (np.array([[0], [1]]), small), (bins, edges)
+    """(the worked case; a table with ttlib's edges fitted on it, which leave bins empty now and then; bins and
+    ttlib's means to decode them with)."""
+    x = table(rng)
+    edges = fitted_edges(x, int(rng.integers(2, 60)), str(rng.choice(["uniform", "quantile"])))
+    means = ttlib_bin_means(x, edges)
+    bins = rng.integers(0, means.shape[1], size=(int(rng.integers(1, 40)), len(means)))
+    return (SMALL_X, SMALL_EDGES), (x, edges), (bins, means)
 
 
 def run_decode(answer, trial):
-    (small_bins, small_edges), (bins, edges) = trial
-    return {f"decode(bins [[0], [1]], edges {small_edges.tolist()})": answer.decode(small_bins.copy(),
-                                                                                      small_edges.copy()),
-            f"decode(bins of shape {_shape(bins)}, edges of shape {_shape(edges)})": answer.decode(bins.copy(),
-                                                                                                   edges.copy())}
+    (small_x, small_edges), (x, edges), (bins, means) = trial
+    return {f"bin_means(x {small_x.tolist()}, edges {small_edges.tolist()})": answer.bin_means(small_x, small_edges),
+            f"bin_means(x of shape {_shape(x)}, edges of shape {_shape(edges)})": answer.bin_means(x, edges),
+            f"decode(bins of shape {_shape(bins)}, means of shape {_shape(means)})": answer.decode(bins, means)}
 
 
-def ttlib_decode(bins, edges):
-    return TrajectoryTokenizer(edges, edges.shape[0] - 2, 0).decode(bins)
+def ttlib_bin_means(x, edges):
+    return TrajectoryTokenizer(edges, edges.shape[0] - 2, 0).fit_means(x).means
 
 
-def _decode_with(points=lambda edges: (edges[:, :-1] + edges[:, 1:]) / 2, shift=0, by_dimension=True):
-    def decode(bins, edges):
-        centres = points(edges)  # (D, K)
+def ttlib_decode(bins, means):
+    D, K = means.shape
+    return TrajectoryTokenizer(np.zeros((D, K + 1)), D - 2, 0, means=means).decode(bins)
+
+
+def lent_encode(x, edges):  # exercise 1's encode, for bin_means to build on while it is checked
+    return np.stack([np.searchsorted(edges[j, 1:-1], x[:, j], side="right") for j in range(x.shape[1])], axis=1)
+
+
+def _means_with(empty="centre"):
+    def bin_means(x, edges):
+        bins, K = lent_encode(x, edges), edges.shape[1] - 1
+        out = np.full((len(edges), K), np.nan) if empty == "nan" else np.zeros((len(edges), K))
+        for d in range(len(edges)):
+            counts = np.bincount(bins[:, d], minlength=K)
+            sums = np.bincount(bins[:, d], weights=x[:, d], minlength=K)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[d] = np.where(counts > 0, sums / counts, out[d])
+        return out
+
+    return {"bin_means": bin_means}
+
+
+def _decode_with(shift=0, by_dimension=True):
+    def decode(bins, means):
         if not by_dimension:
-            return centres[bins]
-        return centres[np.arange(edges.shape[0]), np.minimum(bins + shift, centres.shape[1] - 1)]
+            return means[bins]
+        return means[np.arange(means.shape[0]), np.minimum(bins + shift, means.shape[1] - 1)]
 
     return {"decode": decode}
 
 
 decoding = Exercise(
-    id="02-decode", number=3, what="your decode", names=("decode",), trial=decode_trial, run=run_decode,
-    reference={"decode": ttlib_decode}, forbid=TOKENIZER, atol=1e-12, rtol=1e-12, trials=10, hidden_trials=12,
-    passed="your decode is ttlib's.",
+    id="02-decode", number=3, what="your bin_means and decode", names=("bin_means", "decode"), trial=decode_trial,
+    run=run_decode, reference={"bin_means": ttlib_bin_means, "decode": ttlib_decode}, lends={"encode": lent_encode},
+    forbid=TOKENIZER, atol=1e-9, rtol=1e-9, trials=10, hidden_trials=12,
+    passed="your bin_means and decode are ttlib's.",
     mistakes=[
-        Mistake("a bin decodes to its left edge e_b: it should decode to its centre, (e_b + e_{b+1}) / 2, which "
-                "keeps every value within half a bin of where it was.", _decode_with(lambda e: e[:, :-1])),
-        Mistake("a bin decodes to its right edge e_{b+1}: it should decode to its centre, (e_b + e_{b+1}) / 2.",
-                _decode_with(lambda e: e[:, 1:])),
-        Mistake("every bin decodes to the centre of the bin to its right: index the centres with the bins "
-                "themselves, centres[np.arange(D), bins] (bin b's centre is centres[d, b]).", _decode_with(shift=1)),
-        Mistake("the centres are indexed by the bins alone: index them with the dimension too, "
-                "centres[np.arange(D), bins], so that column d reads dimension d's centres.",
+        Mistake("every bin decodes to its centre, not to the mean of what it holds: average the values of x that "
+                "fall in each bin (a leg contact's bin of zeros then decodes to 0, not to 0.5).",
+                {"bin_means": lambda x, edges: (edges[:, :-1] + edges[:, 1:]) / 2}),
+        Mistake("a bin that no value falls in has no mean (0 / 0 is NaN): let an empty bin decode to its centre, "
+                "(e_b + e_{b+1}) / 2.", _means_with(empty="nan")),
+        Mistake("an empty bin decodes to 0: let it decode to its centre, (e_b + e_{b+1}) / 2, which at least lies "
+                "inside it.", _means_with(empty="zero")),
+        Mistake("every bin decodes to what the bin to its right holds: index the means with the bins themselves, "
+                "means[np.arange(D), bins].", _decode_with(shift=1)),
+        Mistake("the means are indexed by the bins alone: index them with the dimension too, "
+                "means[np.arange(D), bins], so that column d reads dimension d's means.",
                 _decode_with(by_dimension=False)),
     ],
 )
