@@ -207,7 +207,7 @@ def _head(x, final, head_w, head_b, after, eps, C: tl.constexpr, N: tl.constexpr
 
 
 @triton.jit
-def _choose(logits, rows, valid, token, uniforms, reward_centers, rewards, bins_out, generated, temperature,
+def _choose(logits, rows, valid, token, uniforms, reward_means, rewards, bins_out, generated, temperature,
             top_k, top_p, N: tl.constexpr, BLOCK_N: tl.constexpr, HA: tl.constexpr, H1: tl.constexpr,
             G1: tl.constexpr, CHILDREN: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr):
     """The token after this one, from logits (BB, BN): on children, sampled where the schedule says (else the
@@ -218,8 +218,8 @@ def _choose(logits, rows, valid, token, uniforms, reward_centers, rewards, bins_
         uniform = tl.load(uniforms + rows * HA + tl.load(token + UNIFORM))  # (BB,) float64
         sampled = _sample(logits, uniform, temperature, top_k, top_p, N, BLOCK_N, TOP_K, TOP_P)
         bins = tl.where(tl.load(token + SAMPLE) != 0, sampled, bins)
-        centers = tl.load(reward_centers + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N, other=0.0)
-        reward = tl.sum(_softmax(logits) * centers[None, :], axis=1)  # (BB,) the expected reward
+        means = tl.load(reward_means + tl.arange(0, BLOCK_N), mask=tl.arange(0, BLOCK_N) < N, other=0.0)
+        reward = tl.sum(_softmax(logits) * means[None, :], axis=1)  # (BB,) the expected reward
         tl.store(rewards + rows * H1 + tl.load(token + REWARD), reward, mask=valid)
     tl.store(bins_out + rows, bins.to(tl.int64), mask=valid)
     tl.store(generated + rows * G1 + tl.load(token + COLUMN), bins.to(tl.int64), mask=valid)
@@ -228,7 +228,7 @@ def _choose(logits, rows, valid, token, uniforms, reward_centers, rewards, bins_
 @triton.jit
 def decode_step(bins, counter, first_position, schedule, seen, used, n_context, tok_emb, pos_emb, layers, final,
                 head_w, head_b, context_k, context_v, past, logits_out, generated, rewards, uniforms,
-                reward_centers, n_rows, n_envs, eps, temperature, top_k, top_p,
+                reward_means, n_rows, n_envs, eps, temperature, top_k, top_p,
                 L: tl.constexpr, C: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr, N: tl.constexpr,
                 TD: tl.constexpr, X: tl.constexpr, X_SEEN: tl.constexpr, S: tl.constexpr, KC: tl.constexpr,
                 HA: tl.constexpr, H1: tl.constexpr, G1: tl.constexpr, CHILDREN: tl.constexpr,
@@ -262,5 +262,5 @@ def decode_step(bins, counter, first_position, schedule, seen, used, n_context, 
     logits = _head(x, final, head_w, head_b, (position + 1) % TD, eps, C, N, BLOCK_N)  # (BB, BN)
     n = tl.arange(0, BLOCK_N)[None, :]
     tl.store(logits_out + rows[:, None] * N + n, logits, mask=valid[:, None] & (n < N))
-    _choose(logits, rows, valid, token, uniforms, reward_centers, rewards, bins, generated, temperature, top_k,
+    _choose(logits, rows, valid, token, uniforms, reward_means, rewards, bins, generated, temperature, top_k,
             top_p, N, BLOCK_N, HA, H1, G1, CHILDREN, TOP_K, TOP_P)

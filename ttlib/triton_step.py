@@ -80,9 +80,9 @@ class TritonPlanner(StaticPlanner):
             raise ValueError("the Triton decoding step needs one LayerNorm eps for every layer")
         self.packed = pack_layers(self.layers)  # (L, 12C^2 + 13C)
         self.final = torch.cat([model.ln_f.weight.detach(), model.ln_f.bias.detach()])  # (2C,)
-        self.tok_emb, self.pos_emb, self.head_weight, self.head_bias, self.reward_centers = (
+        self.tok_emb, self.pos_emb, self.head_weight, self.head_bias, self.reward_means = (
             t.detach().contiguous() for t in (self.tok_emb, self.pos_emb, self.head_weight, self.head_bias,
-                                              self.reward_centers))  # the kernel reads them row-major
+                                              self.reward_means))  # the kernel reads them row-major
         self.used_slots = torch.tensor(self.used, dtype=torch.long, device=self.k.device)  # (tokens,)
         self.seen_table = self.seen.to(torch.int8).contiguous()  # (tokens, X, S)
         self.n_attended = torch.zeros(1, dtype=torch.long, device=self.k.device)  # the context's slots in use
@@ -103,7 +103,7 @@ class TritonPlanner(StaticPlanner):
             rows.bins, self.k, self.p0, self.schedule, self.seen_table, self.used_slots, self.n_attended,
             self.tok_emb, self.pos_emb, self.packed, self.final, self.head_weight, self.head_bias, self.context_k,
             self.context_v, self.past[parity], rows.logits, rows.generated, rows.rewards, self.uniforms,
-            self.reward_centers, B, self.E, self.eps, float(self.config.temperature), self.top_k,
+            self.reward_means, B, self.E, self.eps, float(self.config.temperature), self.top_k,
             float(self.top_p), L=c.n_layer, C=c.n_embd, HEADS=self.heads, D=self.D, N=self.N, TD=self.td,
             X=rows.children, X_SEEN=self.X, S=self.S, KC=self.Kc, HA=self.H * self.A, H1=self.H + 1,
             G1=self.G + 1, CHILDREN=rows is self.children, TOP_K=self.top_k > 0, TOP_P=self.top_p < 1,
