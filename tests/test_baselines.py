@@ -259,3 +259,22 @@ def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     assert planner(top_percent=25.0, critic=object()).value == "critic"
     assert planner("--value", "token", top_percent=25.0).value == "token"
     assert planner("--value", "likelihood", "--beam-width", "8").beam_width == 8
+
+
+def test_the_course_baseline_recorded_beside_an_agent_with_its_caption():
+    """The notebooks' videos put %BC's episode beside an agent's on the same seed: record=True keeps one frame per
+    step of it, and viz.caption writes the agent's name into the frames' top-left corner and nowhere else."""
+    from ttlib import viz
+
+    played = baselines.course_baseline([5], max_steps=30, record=True)
+    assert len(played.frames) == played.lengths[0] == 30
+    assert played.returns[0] == pytest.approx(baselines.course_baseline([5], max_steps=30).returns[0], abs=1e-6)
+    frame = played.frames[0]
+    written = viz.caption([frame], "%BC: 286.3")[0]
+    assert written.shape == frame.shape and written.dtype == np.uint8
+    changed = np.argwhere((written != frame).any(axis=2))  # (n, 2) rows and columns of changed pixels
+    assert len(changed) > 50, "no caption written"
+    assert changed[:, 0].max() < 60 and changed[:, 1].max() < frame.shape[1] // 2, "the caption left its corner"
+    assert np.array_equal(played.frames[0], frame), "the recorded frame itself is left as it was"
+    video = viz.side_by_side(viz.caption(played.frames, "left"), played.frames[:10])
+    assert len(video) == 30 and video[0].shape == (frame.shape[0], 2 * frame.shape[1] + 4, 3)

@@ -251,12 +251,14 @@ def load_policy(path: str) -> tuple[MLPPolicy, PolicyConfig, dict]:
     return policy.eval(), from_fields(PolicyConfig, payload["policy_config"], "policy_config", path), payload
 
 
-def course_baseline(seeds, max_steps: int | None = None, progress: bool = False):
+def course_baseline(seeds, max_steps: int | None = None, progress: bool = False, record: bool = False):
     """The shipped %BC (best 25% of the course dataset, `ttlib train --model bc --top-percent 25`) played on
     `seeds` in the course dataset's environment: the baseline the notebooks' result plots draw beside their agents
-    (`viz.baseline_line`), measured on the plot's own seeds. A second or two for 60 episodes."""
+    (`viz.baseline_line`), measured on the plot's own seeds. A second or two for 60 episodes. record: keep the
+    first episode's rgb frames (`.frames`), to watch it beside an agent on the same seed."""
     from .checkpoints import default_checkpoint
 
     policy, _, payload = load_policy(default_checkpoint(COURSE_BASELINE))
     info = payload["dataset"]
-    return evaluate(policy, info["env_id"], seeds, info["env_kwargs"], max_steps=max_steps, progress=progress)
+    return evaluate(policy, info["env_id"], seeds, info["env_kwargs"], max_steps=max_steps, record=record,
+                    progress=progress)

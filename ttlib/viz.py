@@ -27,6 +27,24 @@ def side_by_side(*episodes: list[np.ndarray], gap: int = 4) -> list[np.ndarray]:
     return out
 
 
+def caption(frames: list[np.ndarray], text: str, size: int = 24) -> list[np.ndarray]:
+    """The frames with `text` written in their top-left corner (which agent a video shows, and its return), in
+    letters `size` pixels high: still readable in a GIF shrunk by 2."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=size)  # Pillow >= 10.1: a scalable font
+    except TypeError:  # older Pillow: its small bitmap font
+        font = ImageFont.load_default()
+    out = []
+    for frame in frames:
+        image = Image.fromarray(np.ascontiguousarray(frame))
+        ImageDraw.Draw(image).text((8, 6), text, font=font, fill=(255, 255, 255), stroke_width=2,
+                                   stroke_fill=(0, 0, 0))
+        out.append(np.asarray(image))
+    return out
+
+
 def gif(frames: list[np.ndarray], fps: int = 25, every: int = 1, shrink: int = 1):
     """An in-memory GIF of rgb frames, shown inline by Jupyter. every=2 keeps every other frame (shorter file);
     shrink=2 halves the resolution."""
