@@ -1,9 +1,13 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the record of how long the README's whole test command took (tools/suite_time.py)."""
 
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
+
+from tools import suite_time
 
 # Under pytest-xdist every worker is its own process: two workers with two OpenMP threads each on two cores
 # spin-wait on each other and run many times slower. One thread per worker keeps the cores busy, not fighting;
@@ -31,3 +35,28 @@ def minari_root(tmp_path, monkeypatch):
     root.mkdir()
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
     return root
+
+
+_STARTED = pytest.StashKey[tuple]()  # (when the session started, the 1-minute load average then)
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_STARTED] = (time.monotonic(), os.getloadavg()[0])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After the README's whole command (not in pytest-xdist's workers): its time beside the README's figure, and,
+    when every test passed, the run recorded in pytest's cache (tools/suite_time.py judges it)."""
+    if hasattr(config, "workerinput") or _STARTED not in config.stash:
+        return
+    other = any(config.getoption(name, None) for name in ("keyword", "markexpr", "deselect", "lf", "maxfail",
+                                                         "collectonly")) or not (
+        config.getoption("nbval_lax", False) and config.getoption("numprocesses", None) == 2
+        and config.getoption("dist", None) == "loadfile")  # not the README's command: not its time either
+    if not suite_time.is_whole_run(config.args, Path(config.invocation_params.dir), other):
+        return
+    started, load = config.stash[_STARTED]
+    run = suite_time.record(time.monotonic() - started, len(terminalreporter.stats.get("passed", [])), load)
+    if exitstatus == 0 and run["passed"]:
+        config.cache.set(suite_time.CACHE_KEY, run)
+    terminalreporter.write_line(suite_time.verdict(run, suite_time.readme_claim()[0])[1])

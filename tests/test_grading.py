@@ -3,8 +3,9 @@ the README's instructor guide, run as written (`ttlib grade ...`, `nbgrader ...`
 
 One class is graded once (the `graded` fixture), JOBS submissions at a time (`ttlib grade autograde --jobs`, three
 runs: notebook 02 with its short limits, the two slowest notebooks beside a CPU hog, the rest), and each test reads
-its results; `test_the_same_verdicts_whatever_the_layout` grades notebook 02's class again, one at a time and on a
-local Ray cluster of two workers, losing a worker each time, and finds the same verdicts cell by cell.
+its results; `test_the_same_verdicts_whatever_the_layout` grades a small class of notebook 02 (a student per kind of
+verdict) again, one at a time and on a local Ray cluster of two workers, losing a worker each time, and finds the
+verdicts of the whole class's run cell by cell.
 
 Every submission is made from the student version by filling its exercise cells: with the solution notebook's
 answers, or with some replaced by answers from tests/wrong_answers/ (tests/test_exercises.py runs every one of those
@@ -21,9 +22,11 @@ with the points each student should get for each exercise (`EXPECTED`, checked c
   only (the hidden tests run the submission's definitions alone, in a process of their own), and is flagged;
 - on notebook 01 (cheap) four students each make one mistake that used to cost two exercises (the multi-head test
   ran the student's own attention and mask) or that only the multi-head test can see; "warns" is right but its
-  attention warns on every call (to stderr): full marks; one student per way of cheating in
-  tests/wrong_answers/cheats.py: each loses the exercise it cheated on, and totals.csv flags it -- "ipython_hook"
-  hands in a blank notebook whose first exercise cell wraps every later cell in try/except, and scores 0;
+  attention warns on every call (to stderr): full marks; three students who cheat (`CHEATERS`: a copy of the
+  reference's code, an answer from another process, and "ipython_hook", a blank notebook whose first exercise cell
+  wraps every later cell in try/except, which scores 0): each loses the exercise it cheated on, and totals.csv flags
+  it (tests/test_cheats.py runs every way of cheating in tests/wrong_answers/cheats.py through the same hidden tests
+  and scan);
 - on notebook 02 (cheap, its three exercises independent) students hand in a partly correct notebook, one whose
   exercise raises, one whose decode loops forever (and later cells call it again), one with an edited and one with
   a deleted test cell, an encode that is wrong only on bin edges, quantile edges without their monotonicity fix, and
@@ -165,7 +168,12 @@ REFUSED = "refuses to run"  # what a delegating answer's failure says
 DELEGATED = [ATTENTION, CHEAP, "04_kv_cache"]  # the notebooks "delegator" hands in, every exercise delegated
 REBOUND = "unsolved, with the checking helpers rebound to do nothing"  # "rebinder"'s notebook 01 answer
 CHEATS = load_module(Path(__file__).parent / "wrong_answers" / "cheats.py").CHEATS
-CHEATERS = list(CHEATS)  # one student per way of cheating, each on notebook 01's first exercise
+# Every way of cheating in tests/wrong_answers/cheats.py loses its exercise in the hidden tests and is flagged by the
+# scan: tests/test_cheats.py runs each of them so. Here a student per path through the grader, on notebook 01's
+# first exercise: a copy of the reference's code, an answer computed in another process (from inside the sandbox),
+# and a hook in the kernel (scores 0: it wraps every later cell).
+CHEATERS = ["code_object", "other_process", "ipython_hook"]
+assert set(CHEATERS) <= set(CHEATS), CHEATERS
 # notebook 01: mistakes in exercises 1 and 2 that used to zero exercise 3 as well, and one in exercise 3 itself
 ATTENTION_BUGS = {
     "no_scale": ("01-sdpa", "no 1/sqrt(d) scaling"),
@@ -623,24 +631,35 @@ def verdicts(root: Path, assignment: str) -> dict:
     return out
 
 
+# The class the layouts are compared on: a small one, each kind of verdict once -- full marks, a lost exercise (two,
+# one of them left undone), an exercise that raises, an edited test cell (a flag) -- so that grading it twice more
+# costs little. Its JOBS-at-a-time verdicts come from the whole class's run (`graded`).
+LAYOUT_CLASS = ["solutions", "partial", "raises", "edited"]
+
+
 def released_and_collected(tmp: Path, downloads: Path, env: dict) -> dict:
-    """Notebook 02's class in a course folder of its own, released and collected -> the environment that grades it."""
+    """Notebook 02's small class (LAYOUT_CLASS) in a course folder of its own, released and collected -> the
+    environment that grades it."""
     root = tmp / "grading"
     env = {**env, **limits(CHEAP), "TTLIB_COURSE_DIR": str(root)}
     source = root / "source" / CHEAP / f"{CHEAP}.ipynb"
     source.parent.mkdir(parents=True)
     nbformat.write(grade.source_version(solution_notebook(CHEAP), f"{CHEAP}.ipynb"), source)
     run("nbgrader", "generate_assignment", CHEAP, "--force", env=env)
-    run("ttlib", "grade", "collect", CHEAP, str(downloads), env=env)
+    folder = tmp / "downloads"
+    folder.mkdir()
+    for student in LAYOUT_CLASS:
+        shutil.copyfile(downloads / f"{student}.ipynb", folder / f"{student}.ipynb")
+    run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
     return env
 
 
 def test_the_same_verdicts_whatever_the_layout(graded, tmp_path):
-    """Notebook 02's class (a loop, a memory hog, edited and deleted test cells, ...) graded one at a time and on a
-    local Ray cluster of two workers -- both runs at once -- gets the points, errors and flags it got JOBS at a
-    time, for every student and test cell. In each run a worker is lost mid-grading (it exits 3 s into one
-    submission): that submission is graded again, nothing is booked twice, and nothing the lost worker ran outlives
-    it."""
+    """A small class of notebook 02 (LAYOUT_CLASS: full marks, a partly done notebook, an exercise that raises, an
+    edited test cell) graded one at a time and on a local Ray cluster of two workers -- both runs at once -- gets
+    the points, errors and flags it got JOBS at a time in the whole class's run, for every student and test cell.
+    In each run a worker is lost mid-grading (it exits 3 s into one submission): that submission is graded again,
+    nothing is booked twice, and nothing the lost worker ran outlives it."""
     import tempfile
 
     import ray
@@ -648,8 +667,11 @@ def test_the_same_verdicts_whatever_the_layout(graded, tmp_path):
 
     from ttlib.ray_cluster import connect
 
-    expected = verdicts(graded["root"], CHEAP)
-    assert set(expected) == {s for s, by in EXPECTED.items() if CHEAP in by}
+    everyone = verdicts(graded["root"], CHEAP)
+    assert set(everyone) == {s for s, by in EXPECTED.items() if CHEAP in by}
+    expected = {student: everyone[student] for student in LAYOUT_CLASS}
+    assert len({sum(cells.values()) for cells, _, _ in expected.values()}) == len(LAYOUT_CLASS), \
+        "each student of the small class a score of its own"
     layouts = {"one at a time": ("raises", ["--jobs", "1"]), "ray": ("partial", ["--ray"])}
     ray_files = tempfile.mkdtemp(prefix="ttray-")  # short: Ray's socket paths must stay under 107 characters
     try:

@@ -20,7 +20,9 @@ Two runs, as when submissions come in over days:
      descriptor);
    - "scorer": blank, with the same hook as "breaker" but showing 2 (each test's maximum or less): nbgrader would
      give it points for failing tests;
-   - "sleeper": its decode sleeps forever and ignores SIGTERM and SIGINT (idle limits lowered: IDLE_* below).
+   - the sleeper ("fell_asleep"): its decode sleeps forever and ignores SIGTERM and SIGINT (idle limits lowered:
+     IDLE_* below). Students are graded in alphabetical order; its name puts it third, so that its idle minute
+     passes while the others are graded beside it, not alone at the end with the hog still running.
 Checked afterwards: the right answers keep full marks under the hog (time is counted in CPU seconds); no file of
 ada, bob or breaker changed (hashes before and after), nor fay's and gus's submissions, nor anyone's grades;
 fay and gus get their points; nothing the submissions started is alive (every process is scanned for the marker
@@ -56,6 +58,7 @@ NOTEBOOK_CPU = 35
 IDLE_CELL, IDLE_NOTEBOOK, IDLE_EXERCISE = 15, 30, 8  # idle seconds (defaults 60, 120, 20): the sleeper's bounds
 JOBS = 2
 MEMORY_GB = 2.0
+SLEEPER = "fell_asleep"  # the sleeper: graded third, after eve and fay (see above)
 FLOOD_MIB = 320
 POINTS = points(CHEAP)  # {"02-uniform-test": 3, "02-quantile-test": 2, "02-decode-test": 2}
 FULL = sum(POINTS.values())
@@ -178,14 +181,14 @@ def class_of_02():
                   "hog": answered(CHEAP, {**solutions, "02-decode": ESCAPING_HOG}),
                   "flood": with_code(answered(CHEAP, solutions), "02-uniform", FLOOD),
                   "scorer": with_code(blank, "02-uniform", score_hook(2)),
-                  "sleeper": answered(CHEAP, {**solutions, "02-decode": SLEEPING_DECODE})}
+                  SLEEPER: answered(CHEAP, {**solutions, "02-decode": SLEEPING_DECODE})}
     return first_run, second_run
 
 
 BUT_DECODE = POINTS["02-uniform-test"] + POINTS["02-quantile-test"]
 EXPECTED = {"ada": FULL, "bob": FULL - POINTS["02-uniform-test"], "breaker": 0, "fay": FULL,
             "gus": FULL - POINTS["02-quantile-test"], "eve": 0, "hog": BUT_DECODE, "flood": FULL, "scorer": 0,
-            "sleeper": BUT_DECODE}
+            SLEEPER: BUT_DECODE}
 
 
 def _rss(pid: int) -> int:
@@ -343,13 +346,13 @@ def test_a_submission_that_only_sleeps_loses_only_what_it_never_finished(graded)
     """The sleeper's decode sleeps and ignores SIGTERM and interrupts: its kernel's cell is stopped after IDLE_CELL
     idle seconds (and waited for 10 s more), its hidden tests after IDLE_EXERCISE; the clock's last backstop (20
     times the CPU budgets) never came near. It keeps the two exercises it finished."""
-    nb = autograded(graded, "sleeper")
+    nb = autograded(graded, SLEEPER)
     verdict = outputs(nb, "02-decode-test")
     assert "HiddenTestFailed" in verdict and "doing nothing" in verdict, verdict[:1000]
     stopped = nb.metadata["ttlib"]["run"]["stopped"]
     assert any("idle" in s for s in stopped) and any("doing nothing" in s for s in stopped), stopped
     bound = IDLE_CELL + 10 + 3 * IDLE_EXERCISE + IDLE_EXERCISE + 150  # its idle budgets, and the rest on a busy box
-    assert graded["graded in"]["sleeper"] < bound, graded["graded in"]["sleeper"]
+    assert graded["graded in"][SLEEPER] < bound, graded["graded in"][SLEEPER]
 
 
 def test_nothing_the_submissions_started_is_alive(graded):

@@ -1,9 +1,10 @@
-"""The README opens with what the course achieves; its numbers and its figure are docs/RESULTS.md's."""
+"""The README opens with what the course achieves; its numbers and its figure are docs/RESULTS.md's. Its test
+command's minutes are docs/TESTING.md's measured run, and the last whole run recorded here agrees with them."""
 
 import re
 from pathlib import Path
 
-from tools import readme_figure
+from tools import readme_figure, suite_time
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +28,31 @@ def test_every_number_the_opening_quotes_is_in_results_md():
     assert len(quoted) >= 8, quoted
     for number in quoted:
         assert number in results, f"the README quotes {number!r}, which docs/RESULTS.md does not say"
+
+
+def test_the_readme_states_how_long_the_test_command_takes_and_on_what():
+    """The README's minutes are docs/TESTING.md's measured whole run (rounded up), on a named CPU; and the last whole
+    run recorded on this machine (tests/conftest.py), when it was the README's kind of machine and quiet, took
+    within tools/suite_time.FACTOR of them (tools/suite_time.py says why other runs are not judged)."""
+    stated, cpu = suite_time.readme_claim()
+    tests, seconds = suite_time.documented()
+    assert stated == suite_time.minutes(seconds), (
+        f"the README says about {stated} minutes; docs/TESTING.md's run took {seconds:.0f} s")
+    assert cpu in (ROOT / "docs" / "TESTING.md").read_text(encoding="utf-8"), "the same CPU named in both"
+    assert tests >= 700, "docs/TESTING.md's run is a whole run"
+    last = suite_time.last_run()  # pytest's cache of this checkout (.pytest_cache)
+    if last is not None:
+        ok, line = suite_time.verdict(last, stated)
+        assert ok, line
+
+
+def test_a_run_far_from_the_readmes_minutes_is_judged_off():
+    """The guard can fail: a quiet 2-core run twice the README's minutes is off, and so is one a third of them;
+    a run on another machine, or one that began beside other work, is shown but not judged."""
+    run = {"seconds": 600.0, "passed": 718, "cpu": "AMD EPYC", "cores": 2, "load_at_start": 0.2}
+    assert suite_time.verdict(run, 10)[0] and suite_time.verdict(run, 14)[0] and suite_time.verdict(run, 7)[0]
+    assert not suite_time.verdict(run, 5)[0] and not suite_time.verdict(run, 30)[0]
+    assert "more than 1.5x off" in suite_time.verdict(run, 5)[1]
+    assert suite_time.verdict({**run, "cores": 16}, 5)[0] and suite_time.verdict({**run, "load_at_start": 4}, 5)[0]
+    assert suite_time.readme_claim("(fast mode; about 14 minutes on 2 CPU cores (AMD EPYC, Zen 3))") == (
+        14, "AMD EPYC, Zen 3")
