@@ -20,7 +20,7 @@ Two runs, as when submissions come in over days:
      descriptor);
    - "scorer": blank, with the same hook as "breaker" but showing 2 (each test's maximum or less): nbgrader would
      give it points for failing tests;
-   - the sleeper ("fell_asleep"): its decode sleeps forever and ignores SIGTERM and SIGINT (idle limits lowered:
+   - the sleeper ("fell_asleep"): its bin_means sleeps forever and ignores SIGTERM and SIGINT (idle limits lowered:
      IDLE_* below). Students are graded in alphabetical order; its name puts it third, so that its idle minute
      passes while the others are graded beside it, not alone at the end with the hog still running.
 Checked afterwards: the right answers keep full marks under the hog (time is counted in CPU seconds); no file of
@@ -139,12 +139,16 @@ SLEEPING_DECODE = '''import signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def decode(bins, edges):
+def bin_means(x, edges):  # the exercise's check calls it first
     while True:
         try:
             time.sleep(1)
         except BaseException:  # an interrupt, too
             pass
+
+
+def decode(bins, means):
+    return bin_means(None, None)
 '''
 
 FLOOD = f'''import os
@@ -343,7 +347,7 @@ def test_the_vandal_changed_nothing_of_the_others(graded):
 
 
 def test_a_submission_that_only_sleeps_loses_only_what_it_never_finished(graded):
-    """The sleeper's decode sleeps and ignores SIGTERM and interrupts: its kernel's cell is stopped after IDLE_CELL
+    """The sleeper's bin_means sleeps and ignores SIGTERM and interrupts: its kernel's cell is stopped after IDLE_CELL
     idle seconds (and waited for 10 s more), its hidden tests after IDLE_EXERCISE; the clock's last backstop (20
     times the CPU budgets) never came near. It keeps the two exercises it finished."""
     nb = autograded(graded, SLEEPER)

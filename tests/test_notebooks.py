@@ -401,7 +401,9 @@ def test_03_encode_and_decode_agree_with_the_tokenizer():
         queries = np.concatenate([x, rng.standard_t(df=2, size=(50, x.shape[1])) * x.std()])  # some out of range
         bins = ns["encode"](queries, tokenizer.edges)
         checks.check_equal_arrays(bins, tokenizer.encode(queries, on_clip="ignore"), "bins")
-        checks.check_close(ns["decode"](bins, tokenizer.edges), tokenizer.decode(bins), "decoded", atol=1e-12)
+        means = ns["bin_means"](x, tokenizer.edges)  # what each bin of the fitted data holds
+        checks.check_close(means, tokenizer.means, "means", atol=1e-12)
+        checks.check_close(ns["decode"](bins, means), tokenizer.decode(bins), "decoded", atol=1e-12)
 
 
 # ---- 03: the Trajectory GPT -------------------------------------------------------------------------------------
