@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.test_static_decoder import Recording  # a runner that keeps every step's logits
 from ttlib import planning, triton_step
 from ttlib.bench import Preset, random_model
 from ttlib.fast_decoder import BufferPool
@@ -75,19 +76,6 @@ def test_the_triton_step_makes_the_static_plan_in_float64(n_envs, past, settings
     assert isinstance(planner, TritonPlanner)
     stats = planner.runner.stats()
     assert stats == {"runner": "eager"} if device.type == "cpu" else stats["replays"] > 0 and not stats["failed"]
-
-
-class Recording:
-    """A runner that runs another and keeps the logits every step leaves: the model's output, step by step."""
-
-    def __init__(self, runner):
-        self.runner, self.static, self.logits, self.planner = runner, runner.static, [], None
-
-    def run(self, name, fn):
-        self.runner.run(name, fn)
-        if name[0] in ("start", "step"):
-            rows = self.planner.beams if name[0] == "start" or name[1] == "beams" else self.planner.children
-            self.logits.append(rows.logits.clone())  # (E, N): one row per environment
 
 
 @pytest.mark.exactness
