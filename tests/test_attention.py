@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ttlib.attention import CacheFullError, explicit_attention, fast_attention
-from ttlib.model import GPTConfig, TrajectoryGPT
+from ttlib.model.attention import CacheFullError, explicit_attention, fast_attention
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 
 
 def small_model(seed=0, **overrides):

@@ -1,5 +1,5 @@
-"""The baselines (ttlib.baselines): which episodes %BC keeps, what BC and AWR learn, how they are played and saved,
-and the command line that names them beside the Trajectory and Decision Transformers."""
+"""The baselines (ttlib.agents.baselines): which episodes %BC keeps, what BC and AWR learn, how they are played and
+saved, and the command line that names them beside the Trajectory and Decision Transformers."""
 
 import json
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 from test_cli import ttlib  # tests/ is on sys.path
 
-from ttlib import baselines, checkpoints, rollout, train
-from ttlib import data as ttdata
-from ttlib.baselines import BaselineError, MLPPolicy, PolicyConfig, best_episodes
+from ttlib.agents import baselines
+from ttlib.agents.baselines import BaselineError, MLPPolicy, PolicyConfig, best_episodes
+from ttlib.data import trajectories as ttdata
+from ttlib.evaluation import rollout
+from ttlib.training import checkpoints, train
 
 
 # ---- which episodes %BC keeps ---------------------------------------------------------------------------
@@ -232,7 +234,7 @@ def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ttlib import viz
+    from ttlib.course import viz
 
     result = baselines.course_baseline([3, 4, 5])
     again = baselines.course_baseline([5])
@@ -248,8 +250,8 @@ def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
 def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     """`ttlib evaluate` on a checkpoint trained with --top-percent plays the imitation planner unless told
     otherwise; a checkpoint with a critic plans with the critic; --value chooses."""
-    from ttlib.cli import build_parser
-    from ttlib.cli_evaluate import _planner_from
+    from ttlib.cli.evaluate import _planner_from
+    from ttlib.cli.main import build_parser
 
     def planner(*flags, top_percent=100.0, critic=None):
         args = build_parser().parse_args(["evaluate", *flags])
@@ -264,7 +266,7 @@ def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
 def test_the_course_baseline_recorded_beside_an_agent_with_its_caption():
     """The notebooks' videos put %BC's episode beside an agent's on the same seed: record=True keeps one frame per
     step of it, and viz.caption writes the agent's name into the frames' top-left corner and nowhere else."""
-    from ttlib import viz
+    from ttlib.course import viz
 
     played = baselines.course_baseline([5], max_steps=30, record=True)
     assert len(played.frames) == played.lengths[0] == 30

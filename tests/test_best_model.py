@@ -2,7 +2,7 @@
 says when it overfits, stops early when asked, resumes with its best, and checkpoints from before it kept one
 still load everywhere.
 
-The dataset is the README's example of a dataset of one's own (ttlib/examples/pendulum_dataset.py: Pendulum-v1, a
+The dataset is the README's example of a dataset of one's own (ttlib/data/examples/pendulum_dataset.py: Pendulum-v1, a
 swing-up controller with noise and random torques), 6 episodes, written with Minari into the test's folder. The
 model is small and its learning rate high, so that it learns the 4 training episodes by heart within seconds.
 """
@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttlib import dt
-from ttlib.best_model import TIE, BestModel, overfitting
-from ttlib.checkpoint_files import write_payload
-from ttlib.checkpoints import (
+from ttlib.agents import dt
+from ttlib.model.tokenizer import NoBinMeansWarning
+from ttlib.training.best_model import TIE, BestModel, overfitting
+from ttlib.training.checkpoint_files import write_payload
+from ttlib.training.checkpoints import (
     CheckpointError,
     checkpoint_weights,
     export_checkpoint,
@@ -27,8 +28,7 @@ from ttlib.checkpoints import (
     read_checkpoint,
     weights_info,
 )
-from ttlib.tokenizer import NoBinMeansWarning
-from ttlib.train import TrainConfig, fit_recipe, train
+from ttlib.training.train import TrainConfig, fit_recipe, train
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = "user/pendulum/mixed-v0"
@@ -48,7 +48,7 @@ def ttlib(*args, timeout=300):
 
 def make_dataset(episodes: int = 6) -> None:
     """The README's example script, run as a user would (into MINARI_DATASETS_PATH)."""
-    from ttlib.examples import pendulum_dataset
+    from ttlib.data.examples import pendulum_dataset
 
     pendulum_dataset.main(["--dataset", DATASET, "--episodes", str(episodes), "--seed", "3"])
 

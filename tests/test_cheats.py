@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from test_exercises import load_module  # tests/ is on sys.path under pytest
 
-from ttlib.course import NOTEBOOKS as NOTEBOOK_LIST
+from ttlib.course.notebooks import NOTEBOOKS as NOTEBOOK_LIST
 from ttlib.exercises.hidden import judge_records
 from ttlib.grading.scan import scan_notebook, scan_source
 

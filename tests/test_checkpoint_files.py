@@ -17,11 +17,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ttlib import dt
-from ttlib.baselines import load_policy
-from ttlib.bench import PRESETS, random_model
-from ttlib.checkpoint_files import convert_pickled, read_payload, write_payload
-from ttlib.checkpoints import (
+from ttlib.agents import dt
+from ttlib.agents.baselines import load_policy
+from ttlib.agents.critic import add_critic, load_critic
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.cli.main import main
+from ttlib.training.checkpoint_files import convert_pickled, read_payload, write_payload
+from ttlib.training.checkpoints import (
     CheckpointError,
     default_checkpoint,
     export_checkpoint,
@@ -29,9 +31,7 @@ from ttlib.checkpoints import (
     read_checkpoint,
     save_checkpoint,
 )
-from ttlib.cli import main
-from ttlib.critic import add_critic, load_critic
-from ttlib.train import TrainConfig, train
+from ttlib.training.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED = "loading a pickle runs whatever code it holds"
@@ -240,10 +240,10 @@ def test_the_shipped_checkpoints_are_data():
 # ---- the guard: no code path in ttlib unpickles a file, except the explicit converter -------------------------
 PICKLERS = {"pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal", "_pickle"}
 # Where a pickler may be imported, and why that is not loading a user's file.
-ALLOWED_IMPORTS = {("ttlib/data_parallel.py", "cloudpickle"):
+ALLOWED_IMPORTS = {("ttlib/training/data_parallel.py", "cloudpickle"):
                    "hands a function written in a notebook from the parent process to the workers it starts",
                    ("ttlib/exercises/refuse.py", "marshal"): "names marshal.loads, to refuse it in a learner's code"}
-CONVERTER = ("ttlib/checkpoint_files.py", "convert_pickled")  # the one torch.load without weights_only=True
+CONVERTER = ("ttlib/training/checkpoint_files.py", "convert_pickled")  # the one torch.load without weights_only=True
 
 
 def python_sources():
@@ -284,7 +284,7 @@ def unpickling_sites(name, source):
 def test_no_code_path_unpickles_a_file_but_the_explicit_converter():
     found = [f"{name}:{line}: {what}" for name, source in python_sources()
              for line, what in unpickling_sites(name, source)]
-    assert not found, "unpickling outside ttlib.checkpoint_files.convert_pickled:\n" + "\n".join(found)
+    assert not found, "unpickling outside ttlib.training.checkpoint_files.convert_pickled:\n" + "\n".join(found)
 
 
 def test_the_guard_sees_what_it_guards():
@@ -294,4 +294,4 @@ def test_the_guard_sees_what_it_guards():
     assert found == ["imports pickle", "torch.load(weights_only=None)", "torch.load(weights_only=False)",
                      "np.load(allow_pickle=True)"]
     converter = "import torch\ndef convert_pickled(p):\n    torch.load(p, weights_only=False)\n"
-    assert list(unpickling_sites("ttlib/checkpoint_files.py", converter)) == []
+    assert list(unpickling_sites("ttlib/training/checkpoint_files.py", converter)) == []

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from ttlib import data as ttdata
-from ttlib.bench import PRESETS, plan_flops, random_model
-from ttlib.planning import PlannerConfig
+from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.data import trajectories as ttdata
+from ttlib.planning.beam import PlannerConfig
 
 
 def ttlib(*args, env=None, timeout=300):

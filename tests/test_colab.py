@@ -167,5 +167,5 @@ def test_a_notebook_missing_from_the_table_is_a_clear_error(tmp_path):
     (tmp_path / "notebooks").mkdir()
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     shutil.copy(NOTEBOOKS[0], tmp_path / "notebooks" / "99_new_notebook.ipynb")
-    with pytest.raises(ValueError, match="99_new_notebook.ipynb is not in ttlib/course.py's NOTEBOOKS"):
+    with pytest.raises(ValueError, match="99_new_notebook.ipynb is not in ttlib/course/notebooks.py's NOTEBOOKS"):
         colab.sync(tmp_path, write=False)

@@ -5,11 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib import data as ttdata
-from ttlib.bench import PRESETS, random_model
-from ttlib.checkpoint_files import write_payload
-from ttlib.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint
-from ttlib.critic import (
+from ttlib.agents.critic import (
     Critic,
     CriticConfig,
     CriticError,
@@ -24,9 +20,13 @@ from ttlib.critic import (
     train_member,
     transitions,
 )
-from ttlib.data import subset
-from ttlib.distributed import pack, unpack_critic
-from ttlib.planning import beam_plan, critic_planner, decoded
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.data import trajectories as ttdata
+from ttlib.data.trajectories import subset
+from ttlib.evaluation.ray_evaluation import pack, unpack_critic
+from ttlib.planning.beam import beam_plan, critic_planner, decoded
+from ttlib.training.checkpoint_files import write_payload
+from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +136,8 @@ def test_bad_critic_settings_are_refused():
 
 
 def test_a_held_out_td_loss_on_the_episodes_the_model_validated_on(course_data):
-    from ttlib.critic import held_out, td_loss
-    from ttlib.data import split_episodes
+    from ttlib.agents.critic import held_out, td_loss
+    from ttlib.data.trajectories import split_episodes
 
     config = CriticConfig(steps=1001, members=1, hidden=16, val_fraction=0.05)
     learn, validation = held_out(course_data, config)

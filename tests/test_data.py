@@ -1,4 +1,4 @@
-"""Tests for ttlib.data on real, freshly built datasets (each test gets its own Minari folder)."""
+"""Tests for ttlib.data.trajectories on real, freshly built datasets (each test gets its own Minari folder)."""
 
 import os
 import time
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from minari.data_collector import EpisodeBuffer
 
-from ttlib import data
-from ttlib.data import DatasetError
+from ttlib.data import trajectories as data
+from ttlib.data.trajectories import DatasetError
 
 LANDER = data.DEFAULT_DATASET
 CHEETAH = data.HALFCHEETAH_DATASET
@@ -142,7 +142,7 @@ def test_no_expert_build_holds_a_late_pilot_and_random_flying(minari_root):
 def test_the_pilot_acts_on_what_it_saw_steps_before():
     from gymnasium.envs.box2d.lunar_lander import heuristic
 
-    from ttlib.datasets_build import _lander_policy
+    from ttlib.data.build import _lander_policy
 
     env = gym.make("LunarLanderContinuous-v3")
     env.reset(seed=0)

@@ -1,5 +1,5 @@
-"""Data-parallel training (ttlib.data_parallel): 2 worker processes make the parameters of one process, the mean of
-the workers' mean losses does not, a worker killed mid-run ends in a resume from the last checkpoint, and a run
+"""Data-parallel training (ttlib.training.data_parallel): 2 worker processes make the parameters of one process, the
+mean of the workers' mean losses does not, a worker killed mid-run ends in a resume from the last checkpoint, and a run
 that cannot be split says so in one line. Real processes under torchrun's elastic agent, gloo on the CPU."""
 
 import os
@@ -14,12 +14,13 @@ import psutil
 import pytest
 import torch
 
-from ttlib import data_parallel, distributed, ray_training
-from ttlib.checkpoints import read_checkpoint
-from ttlib.cli import main
-from ttlib.data_parallel import random_dataset
-from ttlib.examples.pendulum_dataset import collect, write_dataset
-from ttlib.train import TrainConfig, train
+from ttlib.cli.main import main
+from ttlib.data.examples.pendulum_dataset import collect, write_dataset
+from ttlib.evaluation import ray_evaluation as distributed
+from ttlib.training import data_parallel, ray_training
+from ttlib.training.checkpoints import read_checkpoint
+from ttlib.training.data_parallel import random_dataset
+from ttlib.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow
 
@@ -122,8 +123,8 @@ def test_the_exercises_workers_average_to_the_gradient_of_one_process():
 
 
 def train_windows(data, config):
-    from ttlib.tokenizer import TrajectoryTokenizer
-    from ttlib.train import load_and_split, window_tokens
+    from ttlib.model.tokenizer import TrajectoryTokenizer
+    from ttlib.training.train import load_and_split, window_tokens
 
     _, train_data, _ = load_and_split(config, data, config.gamma, progress=False)
     tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.model.n_bins, config.strategy)

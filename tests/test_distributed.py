@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 import ray
 
-from ttlib import cli, distributed, planning, rollout, train
+from ttlib.cli import main as cli
+from ttlib.evaluation import ray_evaluation as distributed
+from ttlib.evaluation import rollout
+from ttlib.planning import beam as planning
+from ttlib.training import train
 
 SEEDS = [20, 21, 22, 23, 24]
 MAX_STEPS = 12  # short episodes: the point is equality and completeness, not return quality
@@ -176,7 +180,7 @@ BLOCK_RAY = textwrap.dedent("""
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
     sys.meta_path.insert(0, NoRay())
-    from ttlib.cli import main
+    from ttlib.cli.main import main
     sys.exit(main(["evaluate", "--workers", "2", "--episodes", "1"]))
 """)
 

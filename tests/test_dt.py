@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib import data as ttdata
-from ttlib import dt
-from ttlib.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
-from ttlib.cli import main
-from ttlib.data import split_episodes
+from ttlib.agents import dt
+from ttlib.cli.main import main
+from ttlib.data import trajectories as ttdata
+from ttlib.data.trajectories import split_episodes
+from ttlib.training.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
 
 ENV = "LunarLanderContinuous-v3"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,7 +139,7 @@ def test_wrong_model_kind_and_sizes_fail_clearly(tmp_path):
         dt.load_checkpoint(os.path.join(ROOT, "assets", "tt_lunarlander.safetensors"))
     model = tiny_model()
     path = str(tmp_path / "dt.pt")
-    from ttlib.checkpoints import save_checkpoint
+    from ttlib.training.checkpoints import save_checkpoint
 
     save_checkpoint(path, model, None, dataset={}, kind=dt.KIND)
     with pytest.raises(CheckpointError, match="'decision-transformer' model, not a 'trajectory-gpt'"):
@@ -160,7 +160,7 @@ def test_vectorized_evaluation_equals_one_by_one():
 
 
 def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
-    # in-process (ttlib.cli.main is what `python -m ttlib` runs; tests/test_cli.py covers the subprocess path)
+    # in-process (ttlib.cli.main.main is what `python -m ttlib` runs; tests/test_cli.py covers the subprocess path)
     ckpt = str(tmp_path / "dt.pt")
     assert main(["train", "--model", "dt", "--out", ckpt, "--steps", "4", "--n-layer", "1", "--n-embd", "16",
                  "--context", "4", "--batch-size", "4", "--eval-every", "2", "--eval-batches", "1",

@@ -11,7 +11,7 @@ The solution notebook's setup cells, exercise cells and test cells run in one ke
 not needed: every test builds its own trials). Right after an exercise's test cell has passed, each wrong answer
 to it is run in the solution cell's place and the test cell is run again: it must fail with `ExerciseFailed` --
 what the learner sees first, and what nbgrader scores as zero for that exercise -- and say `says`. The solution
-is then run again (and ttlib.checks reloaded, in case the answer rebound it), so the notebook goes on with the
+is then run again (and ttlib.course.checks reloaded, in case the answer rebound it), so the notebook goes on with the
 right answer. tests/test_grading.py grades a few of these with nbgrader itself, to show the scores are the ones
 this predicts.
 """
@@ -27,14 +27,14 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from ttlib.course import NOTEBOOKS as NOTEBOOK_LIST
+from ttlib.course.notebooks import NOTEBOOKS as NOTEBOOK_LIST
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ANSWER_FILES = sorted((Path(__file__).parent / "wrong_answers").glob("[0-9][0-9]_*.py"))
 CELL_TIMEOUT = 300  # seconds; the slowest graded cell in fast mode takes well under a minute
-# run before the right answer comes back: a tampering answer may have rebound ttlib.checks for the cells after it
-RESTORE = "import importlib\nimport ttlib.checks\nimportlib.reload(ttlib.checks)\n"
+# run before the right answer comes back: a tampering answer may have rebound ttlib.course.checks for the cells after it
+RESTORE = "import importlib\nimport ttlib.course.checks\nimportlib.reload(ttlib.course.checks)\n"
 
 
 def load_module(path: Path):

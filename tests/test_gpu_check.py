@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tools import gpu_check, gpu_wheels
-from ttlib import planning
-from ttlib.bench import decoders_for
-from ttlib.course import NOTEBOOKS
+from ttlib.bench.decoding import decoders_for
+from ttlib.course.notebooks import NOTEBOOKS
+from ttlib.planning import beam as planning
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "gpu-check"

@@ -18,8 +18,8 @@ with the points each student should get for each exercise (`EXPECTED`, checked c
 - "bug" hands in every other graded notebook with one plausible bug in its last exercise: it loses that exercise only;
 - "delegator" hands in notebooks 01, 02 and 04 with every exercise handed to the reference it rebuilds (ttlib's
   function, PyTorch's attention, nn.MultiheadAttention): it earns nothing;
-- "rebinder" leaves notebook 01's first exercise unsolved and rebinds ttlib.checks to do nothing: it loses that one
-  only (the hidden tests run the submission's definitions alone, in a process of their own), and is flagged;
+- "rebinder" leaves notebook 01's first exercise unsolved and rebinds ttlib.course.checks to do nothing: it loses that
+  one only (the hidden tests run the submission's definitions alone, in a process of their own), and is flagged;
 - on notebook 01 (cheap) four students each make one mistake that used to cost two exercises (the multi-head test
   ran the student's own attention and mask) or that only the multi-head test can see; "warns" is right but its
   attention warns on every call (to stderr): full marks; three students who cheat (`CHEATERS`: a copy of the
@@ -59,7 +59,7 @@ from nbgrader.utils import compute_checksum
 from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source  # tests/ is on sys.path
 
 from tools.outputs import cpu_hog
-from ttlib import cli
+from ttlib.cli import main as cli
 from ttlib.grading import assignments as grade
 
 REPO = Path(__file__).resolve().parents[1]
@@ -665,7 +665,7 @@ def test_the_same_verdicts_whatever_the_layout(graded, tmp_path):
     import ray
     from test_sandbox import marked
 
-    from ttlib.ray_cluster import connect
+    from ttlib.evaluation.ray_cluster import connect
 
     everyone = verdicts(graded["root"], CHEAP)
     assert set(everyone) == {s for s, by in EXPECTED.items() if CHEAP in by}

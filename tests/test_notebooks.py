@@ -4,7 +4,7 @@ nbval runs every notebook for real (`pytest --nbval-lax notebooks`). This file r
 it checks the conventions every notebook shares (Colab badge, setup cell, time estimate, nbgrader exercises,
 cleared outputs), and it executes only the import cells and the exercise solution cells -- which hold nothing but
 function definitions -- to compare each solution with its ttlib counterpart on random inputs. It also tests the
-helpers the notebooks rely on: `ttlib.checks` (the messages learners see) and `ttlib.viz`.
+helpers the notebooks rely on: `ttlib.course.checks` (the messages learners see) and `ttlib.course.viz`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttlib import checks, course, critic, planning, rollout, viz
-from ttlib import model as ttlib_model
-from ttlib.attention import CausalSelfAttention, KVCache, explicit_attention
-from ttlib.data import OfflineDataset, discounted_values
-from ttlib.model import GPTConfig, TrajectoryGPT
-from ttlib.tokenizer import TrajectoryTokenizer
-from ttlib.train import TrainConfig, learning_rate
+from ttlib.agents import critic
+from ttlib.course import checks, viz
+from ttlib.course import notebooks as course
+from ttlib.data.trajectories import OfflineDataset, discounted_values
+from ttlib.evaluation import rollout
+from ttlib.model import gpt as ttlib_model
+from ttlib.model.attention import CausalSelfAttention, KVCache, explicit_attention
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.model.tokenizer import TrajectoryTokenizer
+from ttlib.planning import beam as planning
+from ttlib.training.train import TrainConfig, learning_rate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -85,7 +89,7 @@ def solutions(name: str, student: bool = False) -> dict:
     return namespace
 
 
-# ---- conventions ----------------------------------------------------------------------------------------------
+# ---- conventions -----------------------------------------------------------------------------------------------------
 def test_the_course_notebooks_exist():
     assert [p.name for p in NOTEBOOKS][:len(COURSE_NOTEBOOKS)] == COURSE_NOTEBOOKS
 
@@ -186,7 +190,8 @@ def test_exercises_are_nbgrader_ready(name):
         assert meta["solution"] is False and meta["locked"] is True and meta["points"] > 0
         assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source
         exercise = EXERCISE_CELL.search(cell.source)
-        assert exercise or "from ttlib.checks import" in cell.source, "a visible check: ttlib.exercises or ttlib.checks"
+        assert exercise or "from ttlib.course.checks import" in cell.source, \
+            "a visible check: ttlib.exercises or ttlib.course.checks"
         if exercise:  # the short test cell of ttlib.exercises: the exercise it checks is this cell's, points stated
             checked = getattr(importlib.import_module(f"ttlib.exercises.{exercise['module']}"), exercise["name"])
             assert f"{checked.id}-test" == meta["grade_id"], f"{meta['grade_id']} checks {checked.id}"
@@ -233,7 +238,7 @@ def tiny_search_inputs():
 STUB_INPUTS = {"beam_search": tiny_search_inputs}  # exercises whose stub needs real inputs to reach its stub
 
 
-# ---- 00: values, returns, scores --------------------------------------------------------------------------------
+# ---- 00: values, returns, scores -------------------------------------------------------------------------------------
 def random_rewards(rng):
     return rng.normal(size=int(rng.integers(1, 80))) * rng.choice([0.1, 1.0, 100.0]), float(rng.uniform(0.3, 1.0))
 
@@ -261,7 +266,7 @@ def test_00_returns_and_scores_agree_with_ttlib():
                            d.normalized_score(returns), "normalized scores", atol=1e-9)
 
 
-# ---- 01: attention, masks, heads ----------------------------------------------------------------------------------
+# ---- 01: attention, masks, heads -------------------------------------------------------------------------------------
 def random_attention(rng):
     B, H, T, D = (int(x) for x in rng.integers(1, 6, size=4))
     S = T + int(rng.integers(0, 5))
@@ -301,7 +306,7 @@ def test_01_multi_head_attention_agrees_with_causal_self_attention():
                               lambda x, layer, m: layer(x, m), inputs, trials=15, atol=1e-5)
 
 
-# ---- 04: the KV cache ----------------------------------------------------------------------------------------------
+# ---- 04: the KV cache ------------------------------------------------------------------------------------------------
 def random_cache(rng, n_layer, batch, n_head, head_dim, capacity):
     cache = KVCache(n_layer, batch, n_head, head_dim, capacity)
     cache.k.normal_(), cache.v.normal_()  # noise in every slot: a write to the wrong slot shows
@@ -373,7 +378,7 @@ def test_04_reorder_and_bytes_agree_with_kv_cache():
                                   (cache.k[:, :, :, :L], cache.v[:, :, :, :L], cache.length), "reordered cache")
 
 
-# ---- 02: the tokenizer ----------------------------------------------------------------------------------------------
+# ---- 02: the tokenizer -----------------------------------------------------------------------------------------------
 def random_rows(rng):
     n_obs, n_act = int(rng.integers(1, 5)), int(rng.integers(1, 3))
     x = rng.standard_t(df=2, size=(int(rng.integers(3, 400)), n_obs + n_act + 2)) * rng.uniform(0.01, 100)
@@ -406,7 +411,7 @@ def test_03_encode_and_decode_agree_with_the_tokenizer():
         checks.check_close(ns["decode"](bins, means), tokenizer.decode(bins), "decoded", atol=1e-12)
 
 
-# ---- 03: the Trajectory GPT -------------------------------------------------------------------------------------
+# ---- 03: the Trajectory GPT ------------------------------------------------------------------------------------------
 def random_gpt(rng, **overrides) -> TrajectoryGPT:
     config = dict(obs_dim=int(rng.integers(1, 6)), act_dim=int(rng.integers(1, 4)), n_bins=int(rng.integers(2, 40)),
                   n_layer=1, n_head=2, n_embd=8, n_transitions=int(rng.integers(1, 4)), dropout=0.0)
@@ -554,7 +559,7 @@ def test_03_learning_rate_agrees_with_ttlib():
         assert abs(lr_fn(step, warmup, total, lr, config.min_lr) - learning_rate(step, config)) <= 1e-12 * lr
 
 
-# ---- 05: beam search ------------------------------------------------------------------------------------------
+# ---- 05: beam search -------------------------------------------------------------------------------------------------
 def test_05_sample_bins_agrees_with_ttlib():
     sample = solutions(COURSE_NOTEBOOKS[5])["sample_bins"]
 
@@ -626,7 +631,7 @@ def test_06_td_target_and_iql_losses_train_ttlibs_member():
     """The notebook's TD target is ttlib's, and its two losses train ttlib's critic member in float64."""
     from tqdm.auto import tqdm
 
-    from ttlib import data as ttdata
+    from ttlib.data import trajectories as ttdata
 
     ns = solutions(COURSE_NOTEBOOKS[6])
     batch = {key: value[::20].double() for key, value in critic.transitions(ttdata.load(progress=False)).items()}
@@ -673,7 +678,7 @@ def test_05_beam_search_makes_beam_plans_plan():
             torch.testing.assert_close(score[keep], expected_score[expected_keep], atol=1e-9, rtol=0)
 
 
-# ---- 07: vectorized rollouts ----------------------------------------------------------------------------------
+# ---- 07: vectorized rollouts -----------------------------------------------------------------------------------------
 def test_07_encode_transition_agrees_with_contexts():
     encode = solutions(COURSE_NOTEBOOKS[7])["encode_transition"]
     rng = np.random.default_rng(60)
@@ -690,7 +695,7 @@ def test_07_encode_transition_agrees_with_contexts():
 def test_07_vector_rollout_plays_evaluates_episodes():
     """The solution's loop, on 3 environments for 7 seeds (autoresets, episodes of different lengths), returns
     exactly what rollout.evaluate returns in float64."""
-    from ttlib import data as ttdata
+    from ttlib.data import trajectories as ttdata
 
     ns = solutions(COURSE_NOTEBOOKS[7])
     data = ttdata.load(progress=False)
@@ -754,9 +759,9 @@ def test_07_build_prefix_agrees_with_contexts():
                                   expected, f"prefix (context {context})")
 
 
-# ---- 09: returns-to-go, interleaving, the evaluation bookkeeping -----------------------------------------------
+# ---- 09: returns-to-go, interleaving, the evaluation bookkeeping -----------------------------------------------------
 def test_09_solutions_agree_with_ttlib_dt():
-    from ttlib import dt
+    from ttlib.agents import dt
 
     ns = solutions("09_decision_transformer.ipynb")
     checks.check_function(ns["returns_to_go"], dt.returns_to_go,
@@ -780,9 +785,9 @@ def test_09_solutions_agree_with_ttlib_dt():
         np.testing.assert_allclose(ns["return_tokens"](target, rewards), fed, atol=1e-2, rtol=1e-5)
 
 
-# ---- 08: slices, and the central planner's merge and split ---------------------------------------------------
+# ---- 08: slices, and the central planner's merge and split -----------------------------------------------------------
 def test_08_slices_agree_with_the_evaluator():
-    from ttlib import distributed
+    from ttlib.evaluation import ray_evaluation as distributed
 
     split = solutions("08_scaling_out_with_ray.ipynb")["split_episodes"]
     for n in range(0, 30):
@@ -793,7 +798,7 @@ def test_08_slices_agree_with_the_evaluator():
 
 
 def test_08_merge_and_split_agree_with_the_planner_actor():
-    from ttlib import distributed
+    from ttlib.evaluation import ray_evaluation as distributed
 
     ns = solutions("08_scaling_out_with_ray.ipynb")
     rng = np.random.default_rng(7)
@@ -809,7 +814,7 @@ def test_08_merge_and_split_agree_with_the_planner_actor():
                                   tuple(distributed.split_actions(actions, counts)), "split actions")
 
 
-# ---- ttlib.checks: the messages learners read -------------------------------------------------------------------
+# ---- ttlib.course.checks: the messages learners read -----------------------------------------------------------------
 def failure(fn, *args, **kwargs) -> str:
     with pytest.raises(AssertionError) as info:
         fn(*args, **kwargs)
@@ -877,11 +882,11 @@ def test_check_function_reports_the_failing_input_and_unfinished_work():
 
 
 def test_forbidding_refuses_the_reference_and_notices_a_replaced_one():
-    from ttlib import data
+    from ttlib.data import trajectories as data
 
     message = failure(checks.check_function, lambda r, g: data.discounted_values(r, g), data.discounted_values,
                       lambda rng: (rng.normal(size=4), 0.9), forbid=(data.discounted_values,))
-    assert "your code called ttlib.data.discounted_values" in message and "refuses to run" in message
+    assert "your code called ttlib.data.trajectories.discounted_values" in message and "refuses to run" in message
     assert data.discounted_values(np.ones(2), 0.5).tolist() == [1.0, 0.0]  # put back after the block
 
     def mine(rewards, gamma):  # as if the notebook had run `data.discounted_values = mine`
@@ -892,7 +897,7 @@ def test_forbidding_refuses_the_reference_and_notices_a_replaced_one():
                                                      lambda rng: (np.ones(3), 0.9), forbid=(mine,))
 
 
-# ---- ttlib.viz ----------------------------------------------------------------------------------------------------
+# ---- ttlib.course.viz ------------------------------------------------------------------------------------------------
 def test_attention_maps_are_the_models_weights():
     torch.manual_seed(0)
     model = TrajectoryGPT(GPTConfig(obs_dim=2, act_dim=1, n_bins=7, n_layer=2, n_head=2, n_embd=8, n_transitions=3,

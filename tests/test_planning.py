@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib import planning
-from ttlib.bench import PRESETS, plan_flops, random_model
-from ttlib.fast_decoder import BufferPool, FusedDecoder, min_slots
-from ttlib.planning import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
+from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.planning import beam as planning
+from ttlib.planning.beam import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
+from ttlib.planning.fast_decoder import BufferPool, FusedDecoder, min_slots
 
 
 def tiny(dtype=torch.float64, seed=0, device="cpu"):

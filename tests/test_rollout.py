@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib import data as ttdata
-from ttlib import rollout
-from ttlib.critic import Critic
-from ttlib.model import GPTConfig, TrajectoryGPT
-from ttlib.planning import PlannerConfig
-from ttlib.rollout import EvalResult, evaluate, save_video
-from ttlib.tokenizer import TrajectoryTokenizer
+from ttlib.agents.critic import Critic
+from ttlib.data import trajectories as ttdata
+from ttlib.evaluation import rollout
+from ttlib.evaluation.rollout import EvalResult, evaluate, save_video
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.model.tokenizer import TrajectoryTokenizer
+from ttlib.planning.beam import PlannerConfig
 
 ENV = "LunarLanderContinuous-v3"
 

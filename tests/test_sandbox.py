@@ -391,7 +391,7 @@ def test_grading_warns_once_per_run_about_what_does_not_hold(monkeypatch, caplog
 
 
 def test_the_doctor_says_what_holds(capsys):
-    from ttlib import cli
+    from ttlib.cli import main as cli
 
     assert cli.main(["grade", "doctor"]) == 0
     out = capsys.readouterr().out

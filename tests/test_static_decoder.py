@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ttlib import planning
-from ttlib.bench import PRESETS, random_model
-from ttlib.fast_decoder import BufferPool
-from ttlib.graphs import CUDAGraphs, Eager, compiled
-from ttlib.planning import PlannerConfig, beam_plan
-from ttlib.static_decoder import StaticPlanner, generated_length, plan_schedule, slots
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.planning import beam as planning
+from ttlib.planning.beam import PlannerConfig, beam_plan
+from ttlib.planning.fast_decoder import BufferPool
+from ttlib.planning.graphs import CUDAGraphs, Eager, compiled
+from ttlib.planning.static_decoder import StaticPlanner, generated_length, plan_schedule, slots
 
 SETTINGS = [  # (environments, past transitions in the prefix, planner): widths, depths, samplers, a short prefix
     (3, 2, dict(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)),

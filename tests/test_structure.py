@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES, FUNCTION_LINES = 480, 65
 ONE_PIECE = re.compile(r"^\s*One piece:\s+([^.]+)\.", re.MULTILINE)  # "One piece:" and a sentence
-COMMAND_LINE = {"ttlib.cli", "ttlib.__main__"}  # the `ttlib` command: mounts the grader's subcommands
+COMMAND_LINE = {"ttlib.cli.main", "ttlib.__main__"}  # the `ttlib` command: mounts the grader's subcommands
 
 
 # ---- reading the source ------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""ttlib.threads: torch uses the cores other programs leave free, the user's own choice wins, and `timed` measures
-CPU time on one thread. Each check runs in a fresh Python (torch's thread count is per process), with the CPU hog
-a real busy process beside it."""
+"""ttlib.course.threads: torch uses the cores other programs leave free, the user's own choice wins, and `timed`
+measures CPU time on one thread. Each check runs in a fresh Python (torch's thread count is per process), with the CPU
+hog a real busy process beside it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_a_machine_whose_cores_are_all_busy_gets_one_thread():
     cores = psutil.cpu_count()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
     try:
-        assert run("import ttlib.threads as t, torch; print(t.fit(), torch.get_num_threads())") == "1 1"
+        assert run("import ttlib.course.threads as t, torch; print(t.fit(), torch.get_num_threads())") == "1 1"
     finally:
         for hog in hogs:
             hog.kill()
@@ -33,16 +33,16 @@ def test_a_machine_whose_cores_are_all_busy_gets_one_thread():
 
 def test_the_users_choice_is_kept():
     assert run("""
-        import ttlib.threads as t, torch
+        import ttlib.course.threads as t, torch
         print(t.fit(3), torch.get_num_threads(), end=" ")
         t.keep_fitting(); print(torch.get_num_threads())""") == "3 3 3"
-    assert run("import ttlib.threads as t, torch; print(t.fit(), torch.get_num_threads())",
+    assert run("import ttlib.course.threads as t, torch; print(t.fit(), torch.get_num_threads())",
                OMP_NUM_THREADS="2") == "2 2"
 
 
 def test_timed_counts_this_threads_cpu_and_restores_the_thread_count():
     out = run("""
-        import time, torch, ttlib.threads as t
+        import time, torch, ttlib.course.threads as t
         torch.set_num_threads(2)
         slept, _ = t.timed(lambda: time.sleep(0.5))          # waiting is not CPU time
         spun, _ = t.timed(lambda: sum(range(3_000_000)))       # computing is

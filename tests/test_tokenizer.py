@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib.tokenizer import ClippingWarning, NoBinMeansWarning, TokenizerRangeError, TrajectoryTokenizer
+from ttlib.model.tokenizer import ClippingWarning, NoBinMeansWarning, TokenizerRangeError, TrajectoryTokenizer
 
 
 def sample_rows(n=5000, seed=0):

@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-from ttlib import data as ttdata
-from ttlib.best_model import BestModel
-from ttlib.checkpoints import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from ttlib.model import KINDS, GPTConfig, TrajectoryGPT
-from ttlib.train import TrainConfig, kind_sums, learning_rate, train
+from ttlib.data import trajectories as ttdata
+from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT
+from ttlib.training.best_model import BestModel
+from ttlib.training.checkpoints import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from ttlib.training.train import TrainConfig, kind_sums, learning_rate, train
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_learning_rate_schedule():
 
 
 def test_checkpoint_of_another_shape_fails_naming_the_mismatch(tmp_path):
-    from ttlib.bench import PRESETS, random_model
+    from ttlib.bench.decoding import PRESETS, random_model
 
     model, tok = random_model(PRESETS["tiny"])
     path = str(tmp_path / "tiny.pt")
@@ -136,7 +136,7 @@ def test_unreadable_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="loading a pickle runs whatever code it holds"):
         read_checkpoint(str(foreign))
     # a checkpoint cut off half-way (a crash while copying it) is refused, not half-loaded
-    from ttlib.bench import PRESETS, random_model
+    from ttlib.bench.decoding import PRESETS, random_model
 
     model, tok = random_model(PRESETS["tiny"])
     good = str(tmp_path / "good.pt")
@@ -148,7 +148,7 @@ def test_unreadable_checkpoints_fail_clearly(tmp_path):
 
 
 def test_the_shipped_checkpoint_loads_and_fits_the_course_dataset():
-    from ttlib.checkpoints import default_checkpoint
+    from ttlib.training.checkpoints import default_checkpoint
 
     path = default_checkpoint()
     assert os.path.getsize(path) < 10 * 2**20
@@ -165,9 +165,9 @@ def test_the_shipped_checkpoint_loads_and_fits_the_course_dataset():
 def test_the_defaults_fitted_to_the_course_data_are_the_shipped_runs_settings(course_data):
     """`ttlib train` with no options trains as the shipped checkpoint was trained: the steps and evaluations fitted
     to the course dataset are the 5400 and 250 it had, and every other setting is unchanged."""
-    from ttlib.checkpoints import default_checkpoint
-    from ttlib.data import split_episodes
-    from ttlib.train import fit_recipe
+    from ttlib.data.trajectories import split_episodes
+    from ttlib.training.checkpoints import default_checkpoint
+    from ttlib.training.train import fit_recipe
 
     train_episodes, _ = split_episodes(course_data, 0.05, 0)
     fitted, note = fit_recipe(TrainConfig(), sum(len(course_data.rewards[i]) for i in train_episodes))

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from tests.test_static_decoder import Recording  # a runner that keeps every step's logits
-from ttlib import planning, triton_step
-from ttlib.bench import Preset, random_model
-from ttlib.fast_decoder import BufferPool
-from ttlib.graphs import CUDAGraphs, Eager
-from ttlib.planning import PlannerConfig, beam_plan
-from ttlib.static_decoder import StaticPlanner, generated_length
-from ttlib.triton_step import TritonPlanner
+from ttlib.bench.decoding import Preset, random_model
+from ttlib.planning import beam as planning
+from ttlib.planning import triton_step
+from ttlib.planning.beam import PlannerConfig, beam_plan
+from ttlib.planning.fast_decoder import BufferPool
+from ttlib.planning.graphs import CUDAGraphs, Eager
+from ttlib.planning.static_decoder import StaticPlanner, generated_length
+from ttlib.planning.triton_step import TritonPlanner
 
 DEVICE = torch.device(os.environ.get("TTLIB_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cpu":  # on before Triton is imported (its own tl.sum ... are interpreted then), and left on:
@@ -31,7 +32,7 @@ if DEVICE.type == "cpu":  # on before Triton is imported (its own tl.sum ... are
                            "TRITON_INTERPRET=1 on a CPU")
     os.environ["TRITON_INTERPRET"] = "1"
 try:
-    importlib.import_module("ttlib.triton_kernels")
+    importlib.import_module("ttlib.planning.triton_kernels")
 except ImportError:
     if platform.system() == "Linux" and platform.machine() == "x86_64":
         raise ImportError("Triton is missing: PyTorch's wheels on Linux x86-64 carry it (pip install torch, or "

@@ -19,13 +19,14 @@ import pytest
 import torch
 from minari.data_collector import EpisodeBuffer
 
-from ttlib import data as ttdata
-from ttlib import dt, rollout
-from ttlib.checkpoints import read_checkpoint, save_checkpoint
-from ttlib.cli import main
-from ttlib.model import GPTConfig, TrajectoryGPT
-from ttlib.tokenizer import TrajectoryTokenizer
-from ttlib.train import TrainConfig, run_loop, train
+from ttlib.agents import dt
+from ttlib.cli.main import main
+from ttlib.data import trajectories as ttdata
+from ttlib.evaluation import rollout
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.model.tokenizer import TrajectoryTokenizer
+from ttlib.training.checkpoints import read_checkpoint, save_checkpoint
+from ttlib.training.train import TrainConfig, run_loop, train
 
 TINY_TT = ["--steps", "3", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-transitions", "2",
            "--batch-size", "4", "--eval-every", "3", "--eval-batches", "1", "--n-bins", "10"]
@@ -105,7 +106,7 @@ def test_nan_in_the_data_is_refused_for_both_models(model, minari_root, tmp_path
 
 
 def test_nan_never_reaches_bins_weights_or_an_evaluation(tmp_path):
-    from ttlib.train import TrainingError
+    from ttlib.training.train import TrainingError
 
     rows = np.random.default_rng(0).normal(size=(50, 6))
     rows[7, 2] = np.nan
@@ -229,7 +230,7 @@ def test_decision_transformer_acts_in_the_whole_action_space(minari_root):
 
 
 def test_action_space_of_minus_one_to_one_is_not_scaled():
-    from ttlib import validate
+    from ttlib.data import validate
 
     zeros = [np.zeros((2, 1), np.float32)] * 2
     d = ttdata.OfflineDataset(dataset_id="user/x-v0", env_id=None, env_kwargs={}, gamma=0.99, observations=zeros,

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from ttlib.course import NOTEBOOKS
+from ttlib.course.notebooks import NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository checkout this module lives in
 
@@ -125,7 +125,7 @@ def sync(root: Path = ROOT, write: bool = True) -> list[str]:
     changed = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         if path.name not in NOTEBOOKS:
-            raise ValueError(f"{path.name} is not in ttlib/course.py's NOTEBOOKS: add it (name and title)")
+            raise ValueError(f"{path.name} is not in ttlib/course/notebooks.py's NOTEBOOKS: add it (name and title)")
         text = path.read_text()
         new = synced_notebook(text, path.name, repo)
         if new != text:

@@ -22,8 +22,8 @@ its own process (`gpu_parts.py`) and under its own time limit, drawn from one bu
                and the fused decoder at batch 1, 25 and 100, with each one's kernels per plan (torch.profiler) --
                only when asked for (--parts ... triton); on a CPU (a smoke run) under Triton's interpreter
     dataset    `ttlib make-dataset`, if the course dataset is missing (the notebooks read it)
-    notebooks  every notebook of ttlib.course.NOTEBOOKS in full mode, as on Colab, with nbclient, several at a time;
-               each picks the device itself, reports its time, and, stopped at the limit, the cell it was in
+    notebooks  every notebook of ttlib.course.notebooks.NOTEBOOKS in full mode, as on Colab, with nbclient, several at
+               a time; each picks the device itself, reports its time, and, stopped at the limit, the cell it was in
     training   training tokens/s, on the device and on the CPU -- only when asked for (--parts ... training)
 
 The timed parts run alone, before the notebooks. What a part measured survives its time limit. DIR gets
@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ttlib.course import NOTEBOOKS
+from ttlib.course.notebooks import NOTEBOOKS
 from ttlib.files import atomic_path
 
 from .gpu_parts import PART_FUNCTIONS, ROOT, SMOKE_DATASET_EPISODES
@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run only these (the install always runs; default: {' '.join(DEFAULT_PARTS)})")
     parser.add_argument("--fast-notebooks", action="store_true", help="the notebooks in fast mode (TTLIB_FAST=1; "
                         "smoke: always) instead of the full mode learners run")
-    parser.add_argument("--notebooks", nargs="+", help="these notebooks of ttlib.course.NOTEBOOKS (default: all; "
+    parser.add_argument("--notebooks", nargs="+", help="these notebooks of the course's NOTEBOOKS (default: all; "
                         f"smoke: {SMOKE_NOTEBOOK})")
     parser.add_argument("--jobs", type=int, help="notebooks run at a time (default: half the CPU cores)")
     parser.add_argument("--wheels", nargs="+", default=[str(DEFAULT_WHEELS)], help="wheel folders (default .whl)")
@@ -393,11 +393,11 @@ def main(argv=None) -> int:
     if not args.out:
         parser.error("--out DIR is required: where gpu-check.json and gpu-check.log go")
     if args.smoke and SMOKE_NOTEBOOK not in NOTEBOOKS:
-        parser.error(f"the smoke notebook {SMOKE_NOTEBOOK} is not in ttlib.course.NOTEBOOKS: update SMOKE_NOTEBOOK")
+        parser.error(f"the smoke notebook {SMOKE_NOTEBOOK} is not in NOTEBOOKS: update SMOKE_NOTEBOOK")
     args.notebooks = args.notebooks or ([SMOKE_NOTEBOOK] if args.smoke else list(NOTEBOOKS))
     unknown = [n for n in args.notebooks if n not in NOTEBOOKS]
     if unknown:
-        parser.error(f"not course notebooks: {', '.join(unknown)} (ttlib.course.NOTEBOOKS lists them)")
+        parser.error(f"not course notebooks: {', '.join(unknown)} (ttlib.course.notebooks.NOTEBOOKS lists them)")
     args.budget = args.budget or (300.0 if args.smoke else 480.0)
     args.jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
     args.parts = ["install", *args.parts] if "install" not in args.parts else args.parts

@@ -44,7 +44,7 @@ def part_probe(args, save) -> dict:
 
 
 def part_dataset(args, save) -> dict:
-    from ttlib import data
+    from ttlib.data import trajectories as data
 
     present = {row["id"]: row for row in data.list_local()}
     built = data.DEFAULT_DATASET not in present
@@ -57,7 +57,7 @@ def part_dataset(args, save) -> dict:
 
 def part_planning(args, save) -> dict:
     """Every decoder side by side at each batch, float32; saved after each batch."""
-    from ttlib import bench
+    from ttlib.bench import decoding as bench
 
     preset = "tiny" if args.smoke else "halfcheetah"
     runs = []
@@ -71,7 +71,7 @@ def part_planning(args, save) -> dict:
 def part_compiled(args, save) -> dict:
     """The static search with its step fused by torch.compile, replayed as graphs, beside the graphs alone, at
     batch 1 and 25 (float32): whether compiling pays, and what it costs once (first_plan_ms)."""
-    from ttlib import bench
+    from ttlib.bench import decoding as bench
 
     preset = "tiny" if args.smoke else "halfcheetah"
     runs = []
@@ -89,7 +89,7 @@ TRITON_SMOKE = dict(obs_dim=2, act_dim=2, n_bins=12, n_layer=1, n_embd=32, n_hea
 def part_triton(args, save) -> dict:
     """The Triton step beside the graphs and the fused decoder at each batch (float32; on a CPU, a smoke run under
     Triton's interpreter: launched, beside the static search launched), then each one's kernels per plan."""
-    from ttlib import bench
+    from ttlib.bench import decoding as bench
 
     cuda = args.device != "cpu"
     preset = bench.PRESETS["halfcheetah"] if not args.smoke else bench.Preset(**TRITON_SMOKE)
@@ -113,9 +113,9 @@ def kernels_per_plan(preset, batch: int, device: str, decoders) -> tuple[dict, d
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ttlib import bench
-    from ttlib.fast_decoder import BufferPool
-    from ttlib.planning import beam_plan
+    from ttlib.bench import decoding as bench
+    from ttlib.planning.beam import beam_plan
+    from ttlib.planning.fast_decoder import BufferPool
 
     model, tokenizer = bench.random_model(preset, device)
     prefix = torch.randint(0, preset.n_bins, (batch, (preset.context - 1) * model.config.transition_dim
@@ -142,7 +142,7 @@ def kernels_per_plan(preset, batch: int, device: str, decoders) -> tuple[dict, d
 
 
 def part_training(args, save) -> dict:
-    from ttlib import bench_runs
+    from ttlib.bench import runs as bench_runs
 
     preset, batch, steps = ("tiny", 8, 3) if args.smoke else ("halfcheetah", 64, 20)
     out = {"device": bench_runs.bench_training(preset, batch_size=batch, steps=steps, device=args.device)}
@@ -159,10 +159,10 @@ def part_rollouts(args, save) -> dict:
     project are saved."""
     from dataclasses import replace
 
-    from ttlib import bench
-    from ttlib.fast_decoder import BufferPool
-    from ttlib.planning import beam_plan
-    from ttlib.rollout import EpisodeBatch
+    from ttlib.bench import decoding as bench
+    from ttlib.evaluation.rollout import EpisodeBatch
+    from ttlib.planning.beam import beam_plan
+    from ttlib.planning.fast_decoder import BufferPool
 
     preset = replace(bench.PRESETS["tiny"], obs_dim=17, act_dim=6, n_layer=1, horizon=2, context=2) \
         if args.smoke else bench.PRESETS["halfcheetah"]  # smoke: a tiny model of HalfCheetah's shape

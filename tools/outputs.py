@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 
-from ttlib.course import NOTEBOOKS
+from ttlib.course.notebooks import NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "notebooks"

@@ -16,10 +16,10 @@ import argparse
 
 import numpy as np
 
-from ttlib.checkpoint_files import write_payload
-from ttlib.checkpoints import CheckpointError, read_checkpoint
-from ttlib.tokenizer import TrajectoryTokenizer, joined
-from ttlib.train import TrainConfig, load_and_split
+from ttlib.model.tokenizer import TrajectoryTokenizer, joined
+from ttlib.training.checkpoint_files import write_payload
+from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+from ttlib.training.train import TrainConfig, load_and_split
 
 
 def refreshed_tokenizer(payload: dict, progress: bool = True) -> dict:

@@ -14,10 +14,10 @@ ANSWERS = [
     ("00-discounted-values", "delegates to ttlib's values", '''def discounted_values(rewards, gamma):
     return data.discounted_values(rewards, gamma)
 ''', REFUSED),
-    ("00-discounted-values", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.checks
+    ("00-discounted-values", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
 for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code"]:
-    setattr(ttlib.checks, name, lambda *args, **kwargs: None)
+    setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 
 def discounted_values(rewards, gamma):
@@ -42,7 +42,7 @@ def discounted_values(rewards, gamma):
      "divided by ref_max alone"),
     ("00-returns", "scores measured from the expert's end", ("- ref_min) /", "- ref_max) /"),
      "measured from the expert's return"),
-    ("00-returns", "delegates to the dataset's methods", '''from ttlib.data import OfflineDataset
+    ("00-returns", "delegates to the dataset's methods", '''from ttlib.data.trajectories import OfflineDataset
 
 
 def dataset(rewards, ref_min=0.0, ref_max=1.0):

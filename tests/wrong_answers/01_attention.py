@@ -1,6 +1,6 @@
 """Wrong answers to notebook 01's exercises (see tests/test_exercises.py for the format)."""
 
-REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.checks.forbidding)
+REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.course.checks.forbidding)
 HEADS = '''def split_heads(x, n_head):
     B, T, C = x.shape
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)
@@ -34,12 +34,12 @@ ANSWERS = [
 ''', REFUSED),
     ("01-sdpa", "delegates to ttlib's attention", '''def scaled_dot_product_attention(q, k, v, mask=None):
     allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool) if mask is None else mask
-    return ttlib.attention.explicit_attention(q, k, v, allowed)
+    return ttlib.model.attention.explicit_attention(q, k, v, allowed)
 ''', REFUSED),
-    ("01-sdpa", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.checks
+    ("01-sdpa", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
 for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]:
-    setattr(ttlib.checks, name, lambda *args, **kwargs: None)
+    setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 
 def scaled_dot_product_attention(q, k, v, mask=None):
@@ -58,7 +58,7 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     ("01-mask", "a float mask of ones and zeros", ("return causal & ~is_value[None, :]",
                                                    "return (causal & ~is_value[None, :]).float()"), "the mask's dtype"),
     ("01-mask", "delegates to ttlib's mask", '''def trajectory_mask(n_tokens, transition_dim):
-    return ttlib.model.trajectory_mask(n_tokens, transition_dim)
+    return ttlib.model.gpt.trajectory_mask(n_tokens, transition_dim)
 ''', REFUSED),
     ("01-multi-head", "heads merged without moving the head axis back",
      ("y.transpose(1, 2).reshape(B, T, H * D)", "y.reshape(B, T, H * D)"), "merged without moving the head axis back"),
@@ -71,7 +71,7 @@ def scaled_dot_product_attention(q, k, v, mask=None):
      ("q, k, v = qkv(x).split(C, dim=-1)", "k, q, v = qkv(x).split(C, dim=-1)"), "in the wrong order"),
     ("01-multi-head", "delegates to ttlib's CausalSelfAttention",
      HEADS + '''def multi_head_attention(x, qkv, proj, n_head, mask):
-    layer = ttlib.attention.CausalSelfAttention(x.shape[-1], n_head).eval()
+    layer = ttlib.model.attention.CausalSelfAttention(x.shape[-1], n_head).eval()
     layer.qkv, layer.proj = qkv, proj
     return layer(x, mask)
 ''', REFUSED),

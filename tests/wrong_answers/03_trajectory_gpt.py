@@ -34,7 +34,7 @@ ANSWERS = [
     T = bins.shape[1]
     config = GPTConfig(obs_dim=transition_dim - 3, act_dim=1, n_bins=n_bins, n_layer=1, n_head=1, n_embd=4,
                        n_transitions=(start + T) // transition_dim + 1)
-    return bins + ttlib.model.TrajectoryGPT(config).token_offset[start:start + T]
+    return bins + ttlib.model.gpt.TrajectoryGPT(config).token_offset[start:start + T]
 ''', REFUSED),
     ("03-token-ids", "a copy of the solution imported from a module", imported(TOKEN_IDS, "token_ids"), NOT_OWN),
     # not in the first catalogue
@@ -65,13 +65,13 @@ ANSWERS = [
     ("03-block", "delegates to ttlib's Block and MLP",
      ("""        x = x + self.attn(self.ln_1(x), allowed)  # (B, T, C): gather from earlier tokens
         x = x + self.mlp(self.ln_2(x))  # (B, T, C): then think about each token on its own
-        return x""", """        return ttlib.model.Block.forward(self, x, allowed)"""), REFUSED),
-    ("03-block", "inherits ttlib's Block", '''class MLP(ttlib.model.MLP):
+        return x""", """        return ttlib.model.gpt.Block.forward(self, x, allowed)"""), REFUSED),
+    ("03-block", "inherits ttlib's Block", '''class MLP(ttlib.model.gpt.MLP):
     def __init__(self, n_embd):
         super().__init__(n_embd, dropout=0.0)
 
 
-class Block(ttlib.model.Block):
+class Block(ttlib.model.gpt.Block):
     def __init__(self, n_embd, n_head):
         super().__init__(GPTConfig(obs_dim=1, act_dim=1, n_embd=n_embd, n_head=n_head, dropout=0.0))
 ''', REFUSED),
@@ -126,7 +126,7 @@ class Block(ttlib.model.Block):
     ("03-gpt", "delegates to ttlib's TrajectoryGPT.forward",
      ("""        B, T = bins.shape
         ids = token_ids""",
-      """        model = ttlib.model.TrajectoryGPT(self.config).eval()  # ttlib's model, with these weights
+      """        model = ttlib.model.gpt.TrajectoryGPT(self.config).eval()  # ttlib's model, with these weights
         model.load_state_dict(self.state_dict())
         return model(bins)[0]
         ids = token_ids"""), REFUSED),
@@ -170,7 +170,7 @@ def weighted_cross_entropy(logits, targets, mask, dim_weight):
     ("03-lr", "cosine not clamped after the last step",
      ("min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))",
       "(step - warmup_steps) / max(1, total_steps - warmup_steps)"), "climbs back up"),
-    ("03-lr", "delegates to ttlib.train.learning_rate",
+    ("03-lr", "delegates to ttlib.training.train.learning_rate",
      '''def learning_rate(step, warmup_steps, total_steps, lr, min_lr):
     config = train.TrainConfig(steps=total_steps, warmup_steps=warmup_steps, lr=lr, min_lr=min_lr)
     return train.learning_rate(step, config)

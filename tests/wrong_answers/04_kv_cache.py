@@ -2,10 +2,10 @@
 
 REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exercises.refuse)
 
-TAMPER = '''import ttlib.checks
+TAMPER = '''import ttlib.course.checks
 
 for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code"]:
-    setattr(ttlib.checks, name, lambda *args, **kwargs: None)
+    setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 
 '''

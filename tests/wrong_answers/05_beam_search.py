@@ -85,10 +85,10 @@ ANSWERS = [
 def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):
     return planning.beam_plan(model, tokenizer, prefix, keys, config, trace=trace)
 ''', REFUSED),
-    ("05-beam-search", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.checks
+    ("05-beam-search", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
 for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code"]:
-    setattr(ttlib.checks, name, lambda *args, **kwargs: None)
+    setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 
 def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):

@@ -25,7 +25,7 @@ ANSWERS = [
     return torch.tensor(float(np.mean(np.where(u < 0, 1 - tau, tau) * u**2)), dtype=diff.dtype)
 ''', "no gradient reaches the critic"),
     ("06-expectile-loss", "delegates to ttlib's loss", '''def expectile_loss(diff, tau):
-    return ttlib.critic.expectile_loss(diff, tau)
+    return ttlib.agents.critic.expectile_loss(diff, tau)
 ''', REFUSED),
     # new: the weight squared with the error
     ("06-expectile-loss", "the weight inside the square", ("(weight * diff**2).mean()", "((weight * diff)**2).mean()"),
@@ -59,7 +59,7 @@ ANSWERS = [
      ('batch["reward"] + gamma * (1 - batch["done"]) * critic.v(batch["next_obs"])',
       'gamma * (batch["reward"] + (1 - batch["done"]) * critic.v(batch["next_obs"]))'), "td_target(critic, batch of"),
     ("06-td-target", "delegates to ttlib's target", '''def td_target(critic, batch, gamma):
-    return ttlib.critic.td_target(critic, batch, gamma)
+    return ttlib.agents.critic.td_target(critic, batch, gamma)
 ''', REFUSED),
     # exercise 3: the two losses of an IQL step
     ("06-iql-losses", "V regressed on the trained Q networks, not the target ones",
@@ -113,10 +113,10 @@ ANSWERS = [
      ("return ((q1 - y) ** 2).mean() + ((q2 - y) ** 2).mean()", "return ((q1 - y) ** 2 + (q2 - y) ** 2).sum()"),
      "q_loss(critic, batch of"),
     ("06-iql-losses", "delegates to ttlib's losses", '''def value_loss(critic, target, batch, tau):
-    return ttlib.critic.value_loss(critic, target, batch, tau)
+    return ttlib.agents.critic.value_loss(critic, target, batch, tau)
 
 
 def q_loss(critic, batch, gamma):
-    return ttlib.critic.q_loss(critic, batch, gamma)
+    return ttlib.agents.critic.q_loss(critic, batch, gamma)
 ''', REFUSED),
 ]

@@ -85,7 +85,7 @@ def split_actions(actions, counts):
                                                                  "loss_sum / batch_real"),
      "is not multiplied by world_size"),
     ("08-shards", "delegates to ttlib's", '''def shard_objective(loss_sum, n_real, world_size, all_reduce):
-    from ttlib import data_parallel
+    from ttlib.training import data_parallel
 
     return data_parallel.shard_objective(loss_sum, n_real, world_size, all_reduce)
 ''', REFUSED),

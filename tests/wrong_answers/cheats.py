@@ -13,31 +13,32 @@ ALLOWED = "    allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool) 
 CHEATS = {
     "code_object": ("copies the reference's code: a function rebuilt from its code object", '''import types
 
-_theirs = types.FunctionType(ttlib.attention.explicit_attention.__code__, globals())
+_theirs = types.FunctionType(ttlib.model.attention.explicit_attention.__code__, globals())
 
 
 ''' + SIGNATURE + ALLOWED + '''    return _theirs(q, k, v, allowed)
 '''),
     "code_object_in_call": ("copies the reference's code, at call time", "import types\n\n\n" + SIGNATURE + ALLOWED +
-                            '''    theirs = types.FunctionType(ttlib.attention.explicit_attention.__code__, globals())
+                            '''    theirs = types.FunctionType(
+        ttlib.model.attention.explicit_attention.__code__, globals())
     return theirs(q, k, v, allowed)
 '''),
     "exec_source": ("copies the reference's code: its source exec'd into the notebook", '''import inspect
 
-exec(inspect.getsource(ttlib.attention.explicit_attention).replace("def explicit_attention", "def _copied"))
+exec(inspect.getsource(ttlib.model.attention.explicit_attention).replace("def explicit_attention", "def _copied"))
 
 
 ''' + SIGNATURE + ALLOWED + '''    return _copied(q, k, v, allowed)
 '''),
     "exec_source_in_call": ("copies the reference's code at call time, by exec", "import inspect\n\n\n" + SIGNATURE +
                             ALLOWED + '''    scope = {}
-    exec(inspect.getsource(ttlib.attention.explicit_attention), {"math": math, "torch": torch, "F": F}, scope)
+    exec(inspect.getsource(ttlib.model.attention.explicit_attention), {"math": math, "torch": torch, "F": F}, scope)
     return scope["explicit_attention"](q, k, v, allowed)
 '''),
     "private_copy": ("imports a private copy of a ttlib module", '''import importlib.util
 
 
-''' + SIGNATURE + '''    spec = importlib.util.find_spec("ttlib.attention")
+''' + SIGNATURE + '''    spec = importlib.util.find_spec("ttlib.model.attention")
     private = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(private)
 ''' + ALLOWED + '''    return private.explicit_attention(q, k, v, allowed)
@@ -81,7 +82,7 @@ import types
 fake = types.ModuleType("ttlib.exercises")
 fake.__spec__ = None
 sys.modules["ttlib.exercises"] = fake
-sys.modules["ttlib.checks"] = fake
+sys.modules["ttlib.course.checks"] = fake
 
 
 ''' + SIGNATURE + '''    raise NotImplementedError()

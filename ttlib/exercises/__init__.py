@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import _to_numpy, check_close, check_equal_arrays
-from .refuse import Refused, guard
+from ttlib.course.checks import _to_numpy, check_close, check_equal_arrays
+from ttlib.exercises.refuse import Refused, guard
 
 __all__ = ["Exercise", "Mistake", "ExerciseFailed", "Pieces", "find", "all_exercises", "GRADING_ENV"]
 
@@ -245,7 +245,7 @@ def _arrays(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def compare(got: np.ndarray, expected: np.ndarray, name: str, atol: float, rtol: float) -> None:
-    """Exactly for integers, booleans and strings; within the tolerance for floats (ttlib.checks' messages)."""
+    """Exactly for integers, booleans and strings; within the tolerance for floats (ttlib.course.checks' messages)."""
     __tracebackhide__ = True
     if expected.dtype.kind in "US":
         if got.dtype.kind not in "US" or str(got) != str(expected):
@@ -275,7 +275,7 @@ def _learners_line(error: BaseException) -> str:
     """The last line of the learner's own code in the traceback of `error` (not a library's), or ""."""
     import linecache
 
-    from .refuse import _learners
+    from ttlib.exercises.refuse import _learners
 
     line, tb = "", error.__traceback__
     while tb is not None:

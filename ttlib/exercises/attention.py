@@ -11,9 +11,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import attention as ttlib_attention
-from .. import model as ttlib_model
-from . import Exercise, Mistake
+from ttlib.exercises import Exercise, Mistake
+from ttlib.model import attention as ttlib_attention
+from ttlib.model import gpt as ttlib_model
 
 # PyTorch's attention under every name it has: the function, the module, and the ATen operators behind them
 ATTENTION_OPS = tuple(getattr(torch.ops.aten, name) for name in (

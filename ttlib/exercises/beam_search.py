@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import planning
-from ..model import GPTConfig, TrajectoryGPT
-from ..tokenizer import TrajectoryTokenizer
-from . import Exercise, Mistake
+from ttlib.exercises import Exercise, Mistake
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.model.tokenizer import TrajectoryTokenizer
+from ttlib.planning import beam as planning
 
 
 # ---- exercise 1: sample_bins -------------------------------------------------------------------------------------

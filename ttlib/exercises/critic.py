@@ -1,6 +1,6 @@
 """Notebook 06's exercises: the expectile loss, the TD target, and the two losses of an IQL update.
 
-Each exercise runs the learner's answer and ttlib's (`ttlib.critic`) on small random critics in float64; the
+Each exercise runs the learner's answer and ttlib's (`ttlib.agents.critic`) on small random critics in float64; the
 mistakes are the slips learners make most, each with the sentence that says what went wrong.
 """
 
@@ -12,9 +12,9 @@ import functools
 import numpy as np
 import torch
 
-from .. import critic as ttlib_critic
-from ..critic import CriticConfig, CriticMember
-from . import Exercise, Mistake
+from ttlib.agents import critic as ttlib_critic
+from ttlib.agents.critic import CriticConfig, CriticMember
+from ttlib.exercises import Exercise, Mistake
 
 
 # ---- exercise 1: the expectile loss -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Notebook 09's exercises: returns-to-go, the interleaved (R, s, a) sequence, and the return-to-go bookkeeping of
 an agent that acts.
 
-Each exercise compares the learner's answer with ttlib.dt's (for the bookkeeping: with what `DTAgent` feeds its
+Each exercise compares the learner's answer with ttlib.agents.dt's (for the bookkeeping: with what `DTAgent` feeds its
 model) on random trials, after a small case whose answer can be checked by hand.
 """
 
@@ -14,8 +14,8 @@ import inspect
 import numpy as np
 import torch
 
-from .. import dt as ttlib_dt
-from . import Exercise, Mistake
+from ttlib.agents import dt as ttlib_dt
+from ttlib.exercises import Exercise, Mistake
 
 
 def _dtype(x) -> str:

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import model as ttlib_model
-from ..attention import CausalSelfAttention
-from ..model import GPTConfig, TrajectoryGPT, trajectory_mask
-from . import Exercise, Mistake
-from .gpt_training import lr_schedule, training_loss
-from .module_answers import argument, load_weights, randomized, snapshot, watching
+from ttlib.exercises import Exercise, Mistake
+from ttlib.exercises.gpt_training import lr_schedule, training_loss
+from ttlib.exercises.module_answers import argument, load_weights, randomized, snapshot, watching
+from ttlib.model import gpt as ttlib_model
+from ttlib.model.attention import CausalSelfAttention
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT, trajectory_mask
 
 
 # ---- ttlib's pieces with the notebook's signatures: references, and lent to the later exercises -----------------

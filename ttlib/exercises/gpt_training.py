@@ -10,9 +10,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import train as ttlib_train
-from ..model import TrajectoryGPT
-from . import Exercise, Mistake
+from ttlib.exercises import Exercise, Mistake
+from ttlib.model.gpt import TrajectoryGPT
+from ttlib.training import train as ttlib_train
 
 
 # ---- ttlib's answers, with the notebook's signatures ---------------------------------------------------------------

@@ -73,7 +73,7 @@ def _source(cell: dict) -> str:
 
 def build_namespace(released: str, submitted: str, write) -> dict:
     """The namespace the answers run in: the release's setup cells, then the submission's definitions."""
-    from .refuse import guard
+    from ttlib.exercises.refuse import guard
 
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     for index, cell in enumerate(_cells(released)):
@@ -112,7 +112,7 @@ def _stop_after(cpu_seconds: float, exercise_id: str, write) -> None:
 
 
 def run(exercise_ids: list[str], seed: int, namespace: dict, write, exercise_cpu: float = 0.0) -> None:
-    from . import find, hidden_seeds
+    from ttlib.exercises import find, hidden_seeds
 
     for exercise_id in exercise_ids:
         exercise = find(exercise_id)
@@ -139,7 +139,7 @@ def run(exercise_ids: list[str], seed: int, namespace: dict, write, exercise_cpu
 
                 outcome = exercise.outcome(exercise.learner(namespace), trial, learner=True, strict=True,
                                            report=report)
-                from . import encode
+                from ttlib.exercises import encode
 
                 write({"exercise": exercise_id, "seed": trial_seed, "record": encode(outcome)})
         _stop_after(0, exercise_id, write)
@@ -150,7 +150,7 @@ def judge_records(lines, exercise_ids: list[str], seed: int) -> dict[str, str | 
     """The grader's side: {exercise id: None when it passed, else the message for the student}, from the runner's
     JSON lines. An exercise passes only when every one of its trials came back and is ttlib's answer, and nothing
     was refused while it (or the notebook's definitions) ran."""
-    from . import find, hidden_seeds
+    from ttlib.exercises import find, hidden_seeds
 
     records: dict[tuple[str, int], list[dict]] = {}
     refused: dict[str, str] = {}
@@ -190,7 +190,7 @@ def judge_records(lines, exercise_ids: list[str], seed: int) -> dict[str, str | 
 
 
 def _judge_trials(exercise, records: dict, seeds: list[int], finished: bool) -> str | None:
-    from . import decode
+    from ttlib.exercises import decode
 
     for trial_seed in seeds:
         got = records.get((exercise.id, trial_seed))

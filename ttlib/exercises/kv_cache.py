@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..attention import CausalSelfAttention, KVCache, explicit_attention
-from ..model import Block, GPTConfig, TrajectoryGPT
-from . import Exercise, Mistake
-from .attention import _merge_unmoved, _split_plain_view, merge_heads, split_heads
+from ttlib.exercises import Exercise, Mistake
+from ttlib.exercises.attention import _merge_unmoved, _split_plain_view, merge_heads, split_heads
+from ttlib.model.attention import CausalSelfAttention, KVCache, explicit_attention
+from ttlib.model.gpt import Block, GPTConfig, TrajectoryGPT
 
 
 @dataclass

@@ -14,10 +14,10 @@ import threading
 import numpy as np
 import torch
 
-from .. import data_parallel as ttlib_data_parallel
-from .. import distributed as ttlib_distributed
-from ..model import GPTConfig, TrajectoryGPT
-from . import Exercise, Mistake
+from ttlib.evaluation import ray_evaluation as ttlib_distributed
+from ttlib.exercises import Exercise, Mistake
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.training import data_parallel as ttlib_data_parallel
 
 
 def kind(value) -> str:
@@ -255,7 +255,7 @@ class SimulatedWorkers:
 
 
 def run_shards(answer, trial):
-    """Every worker computes its slice's loss sum and count (ttlib.data_parallel.shard_sums), calls your
+    """Every worker computes its slice's loss sum and count (ttlib.training.data_parallel.shard_sums), calls your
     shard_objective and backpropagates what it returns; DDP's average of the workers' gradients is compared."""
     model, inputs, targets, mask, sizes = trial
     workers = SimulatedWorkers(len(sizes))

@@ -1,6 +1,6 @@
 """While an exercise's answer runs, the reference it rebuilds refuses to run -- under any name.
 
-    with guard(ttlib.attention.explicit_attention, F.scaled_dot_product_attention) as watch:
+    with guard(ttlib.model.attention.explicit_attention, F.scaled_dot_product_attention) as watch:
         got = your_attention(q, k, v, mask)
     watch.refused  # what your code called that it should have written itself (empty: nothing)
 
@@ -43,7 +43,7 @@ class Refused(AssertionError):
 
 
 def label(reference) -> str:
-    """`torch.nn.functional.scaled_dot_product_attention`, `ttlib.attention.explicit_attention`, ..."""
+    """`torch.nn.functional.scaled_dot_product_attention`, `ttlib.model.attention.explicit_attention`, ..."""
     if isinstance(reference, torch._ops.OpOverloadPacket):
         return f"torch.ops.aten.{reference.__name__}"
     module = getattr(reference, "__module__", None) or "torch"

@@ -15,15 +15,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .. import planning, rollout
-from ..model import GPTConfig, TrajectoryGPT
-from . import Exercise, Mistake
+from ttlib.evaluation import rollout
+from ttlib.exercises import Exercise, Mistake
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.planning import beam as planning
 
 
 @functools.cache
 def course():
     """(tokenizer, env_id, env_kwargs) of the shipped checkpoint: the notebook's `tok` and environment."""
-    from .. import train
+    from ttlib.training import train
 
     _, tok, payload = train.load_checkpoint(train.default_checkpoint())
     return tok, payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import tokenizer
-from ..tokenizer import TrajectoryTokenizer
-from . import Exercise, Mistake
+from ttlib.exercises import Exercise, Mistake
+from ttlib.model import tokenizer
+from ttlib.model.tokenizer import TrajectoryTokenizer
 
 # ttlib's tokenizer, everything of it that fits or reads edges: the exercises rebuild it
 TOKENIZER = (TrajectoryTokenizer.__init__, TrajectoryTokenizer.fit, TrajectoryTokenizer.fit_dataset,

@@ -14,9 +14,9 @@ import math
 import numpy as np
 import torch
 
-from .. import baselines as ttlib_baselines
-from .. import data as ttlib_data
-from . import Exercise, Mistake
+from ttlib.agents import baselines as ttlib_baselines
+from ttlib.data import trajectories as ttlib_data
+from ttlib.exercises import Exercise, Mistake
 
 
 def lander_rewards(rng, n_steps: int) -> np.ndarray:

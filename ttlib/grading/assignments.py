@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 from nbgrader.plugins import ExportPlugin
 
-from ..course import NOTEBOOKS
-from ..files import atomic_path
+from ttlib.course.notebooks import NOTEBOOKS
+from ttlib.files import atomic_path
 
 CONFIG_FILE = "nbgrader_config.py"
 STUDENT_DIR = "student"  # student versions live in notebooks/student/

@@ -36,7 +36,7 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import Preprocessor
 
-from .worker import Graded, Shared, carried_env, grade_one, template_gradebook
+from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook
 
 MAX_ATTEMPTS = 3  # times a submission is started when its worker is lost
 WORKER_BYTES = 2**30  # what a grading process holds beside its submission's kernel (nbgrader, torch, the judge)
@@ -134,7 +134,7 @@ def plan(coursedir, shared: Shared, force: bool) -> tuple[list[Submission], list
 def shared_settings(coursedir, config, assignment: str) -> Shared:
     """What every worker of this run gets: the release, the source's other files, a gradebook without students, the
     configuration, the run's settings, and the instructor's folders its sandbox must keep out of reach."""
-    from .assignments import GradingError
+    from ttlib.grading.assignments import GradingError
 
     release = Path(coursedir.format_path(coursedir.release_directory, ".", assignment))
     if not any(release.glob("*.ipynb")):
@@ -175,7 +175,7 @@ def booking_steps(config) -> list:
     from nbgrader.preprocessors import SaveAutoGrades
     from traitlets.utils.importstring import import_item
 
-    from .assignments import GradingError
+    from ttlib.grading.assignments import GradingError
 
     steps = list(Autograde(config=config).autograde_preprocessors)
     for i, step in enumerate(steps):
@@ -192,7 +192,7 @@ def book(config, assignment: str, graded: Graded, digest: str, steps: list) -> l
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
 
-    from .worker import _captured
+    from ttlib.grading.worker import _captured
 
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id, coursedir.student_id = assignment, graded.student
@@ -240,7 +240,7 @@ def _worker_started() -> None:
     """A pool process ends with the grading process (its sandboxes end with it in turn)."""
     import signal
 
-    from .linux import LINUX, PR_SET_PDEATHSIG, prctl
+    from ttlib.grading.linux import LINUX, PR_SET_PDEATHSIG, prctl
 
     if LINUX:
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -310,7 +310,7 @@ def on_ray(todo: list[Submission], address: str, memory_bytes: float, jobs: int 
     (submission, Graded or the exception) as each ends. Ray starts a task again when its worker is lost."""
     from collections import deque
 
-    from ..ray_cluster import connect
+    from ttlib.evaluation.ray_cluster import connect
 
     ray, started = connect(address, ship_code=False)
     try:
@@ -371,7 +371,7 @@ def _run_record(graded: Graded) -> dict:
 
 
 def _tampering(files: dict[str, bytes], release: dict[str, bytes]) -> list[str]:
-    from .assignments import tampering
+    from ttlib.grading.assignments import tampering
 
     found = []
     for name, data in files.items():
@@ -401,9 +401,9 @@ def autograde(course, assignments: list[str], jobs: int | None = None, ray: str 
     from nbgrader.coursedir import CourseDirectory
     from tqdm.auto import tqdm
 
-    from .assignments import GradingError
-    from .assignments import assignments as graded_notebooks
-    from .execute import memory_limit
+    from ttlib.grading.assignments import GradingError
+    from ttlib.grading.assignments import assignments as graded_notebooks
+    from ttlib.grading.execute import memory_limit
 
     known = graded_notebooks(course)
     for assignment in assignments:

@@ -32,12 +32,12 @@ def add_grade(sub) -> None:
 
 def run(args):
     if args.action == "doctor":
-        from . import sandbox
+        from ttlib.grading import sandbox
 
         print(sandbox.capabilities().report())
         return
     try:
-        from . import assignments as grade
+        from ttlib.grading import assignments as grade
     except ImportError as e:
         raise ValueError(f'needs nbgrader ({e}): python -m pip install -e ".[dev]"') from e
 
@@ -65,7 +65,7 @@ def run(args):
 
 
 def _autograde(course, args) -> None:
-    from .autograde import autograde
+    from ttlib.grading.autograde import autograde
 
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: grade at least one submission at a time")

@@ -19,8 +19,8 @@ from nbclient.util import ensure_async, run_sync
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer, List, Unicode
 
-from .nbrun import poll_shell_in_steps
-from .output import OutputCap, mib, reads_as_score
+from ttlib.grading.nbrun import poll_shell_in_steps
+from ttlib.grading.output import OutputCap, mib, reads_as_score
 
 
 # ---- autograde: a bounded, contained run per submission ----------------------------------------------------------
@@ -48,7 +48,7 @@ def _answer_test_or_setup(cell) -> bool:
 def _definitions(source: str) -> str:
     """The definitions of a demo cell (imports, functions, classes, constants) as source; '' when it has none or
     does not parse."""
-    from ..exercises.hidden import definitions
+    from ttlib.exercises.hidden import definitions
 
     module, _ = definitions(source)
     return ast.unparse(module) if module is not None and module.body else ""
@@ -181,7 +181,7 @@ class BoundedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         import time
 
-        from . import sandbox
+        from ttlib.grading import sandbox
 
         b = self._budgets = budgets(self)
         self._start = time.monotonic()
@@ -239,7 +239,7 @@ class BoundedExecute(Execute):
 
     def _judge(self, nb, resources, student: str):
         """The scan's flags, and the hidden tests' verdicts on the test cells (ttlib.grading.hidden_tests.judge)."""
-        from . import hidden_tests, sandbox
+        from ttlib.grading import hidden_tests, sandbox
 
         released, b = self._released(resources), self._budgets
         if released is None:
@@ -264,7 +264,7 @@ class BoundedExecute(Execute):
         """A sandbox for this submission's kernel; None (with one warning per run) where the system has none."""
         from nbgrader.coursedir import CourseDirectory
 
-        from . import sandbox
+        from ttlib.grading import sandbox
 
         caps = sandbox.capabilities()
         for missing in caps.missing():
@@ -296,7 +296,7 @@ class BoundedExecute(Execute):
         return km
 
     async def async_start_new_kernel(self, **kwargs):
-        from ..exercises import GRADING_ENV
+        from ttlib.exercises import GRADING_ENV
 
         if self._box is not None:
             kwargs["cwd"] = str(self._box.scratch)
@@ -359,7 +359,7 @@ class BoundedExecute(Execute):
         return max(1, int(min(self._budgets.wall_factor * self._budgets.cell_cpu, left)) + 1)
 
     def _start_watchdog(self) -> None:
-        from . import sandbox
+        from ttlib.grading import sandbox
 
         pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
         if pid is None or (self._watchdog is not None and self._watchdog.pid == pid):

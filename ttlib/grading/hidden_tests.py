@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import nbformat
 
-from ..exercises import find
-from ..exercises.hidden import judge_records
+from ttlib.exercises import find
+from ttlib.exercises.hidden import judge_records
 
 __all__ = ["HiddenRun", "hidden_exercises", "run_hidden", "apply_verdicts", "judge"]
 
@@ -92,7 +92,7 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
                exercise_idle: float | None = None) -> HiddenRun:
     """Run the hidden tests of `submitted` (a notebook) against the release at `released_path`: `exercise_cpu` CPU
     seconds an exercise, and `exercise_idle` idle seconds (None: no idle limit; three times that to start)."""
-    from . import sandbox
+    from ttlib.grading import sandbox
 
     tests = hidden_exercises(submitted)
     remaining = list(dict.fromkeys(tests.values()))
@@ -212,7 +212,7 @@ def judge(nb, released: str, limits, protected=(), exercise_cpu: float = 120.0, 
     """All that decides a submission's points and flags, after its kernel ran: the scan's flags (in the notebook's
     metadata, `ttlib.flags`), then the hidden tests' verdicts on its test cells. -> the hidden tests' run (None when
     there were none to run)."""
-    from .scan import scan_notebook
+    from ttlib.grading.scan import scan_notebook
 
     nb.metadata.pop("ttlib", None)  # only this run's findings, never what a submission wrote there
     nb.metadata["ttlib"] = {"flags": [str(f) for f in scan_notebook(nb, nbformat.read(released, as_version=4))]}

@@ -17,7 +17,7 @@ from nbconvert.preprocessors import Preprocessor as _Preprocessor
 from nbgrader.preprocessors import OverwriteCells as _OverwriteCells
 from nbgrader.preprocessors import SaveAutoGrades as _SaveAutoGrades
 
-from .execute import error_output
+from ttlib.grading.execute import error_output
 
 
 # ---- autograde: a submission nbgrader cannot book gets 0, with the reason ------------------------------------------

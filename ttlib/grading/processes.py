@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 
-from .linux import IDLE_CLOCK, LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
+from ttlib.grading.linux import IDLE_CLOCK, LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
 
 
 # ---- a process tree: what it uses, and ending it ------------------------------------------------------------------

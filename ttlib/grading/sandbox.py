@@ -83,8 +83,8 @@ import threading
 import time
 from pathlib import Path
 
-from .linux import LINUX, Capabilities, capabilities  # noqa: F401 (part of this module's interface)
-from .processes import (  # noqa: F401 (as above)
+from ttlib.grading.linux import LINUX, Capabilities, capabilities  # noqa: F401 (part of this module's interface)
+from ttlib.grading.processes import (  # noqa: F401 (as above)
     Limits,
     Usage,
     Watchdog,
@@ -328,6 +328,6 @@ def _wait(proc, timeout: float | None):
 
 
 if __name__ == "__main__":  # the wrapper: python -m ttlib.grading.sandbox --scratch DIR ... -- ARGV
-    from .wrapper import main
+    from ttlib.grading.wrapper import main
 
     sys.exit(main())

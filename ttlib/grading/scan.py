@@ -9,8 +9,8 @@ run. The scan catches the rest of the attempt -- and the attempt itself, which a
     inspection, import machinery and sys.modules, profile and trace hooks, the garbage collector's object lists,
     IPython hooks and magics, other processes and C calls (subprocess, os.system, multiprocessing, ctypes),
     PyTorch's internals (torch.ops, torch._C, function and dispatch modes), rebinding a library's names
-    (`ttlib.x = ...`, setattr on a module), the checker itself (ttlib.exercises, ttlib.checks, ttlib.grading), and
-    files or processes outside the notebook's own work (deleting files, signals, the course folder's names).
+    (`ttlib.x = ...`, setattr on a module), the checker itself (ttlib.exercises, ttlib.course.checks, ttlib.grading),
+    and files or processes outside the notebook's own work (deleting files, signals, the course folder's names).
 
     flags = scan_notebook(submitted_nb, released_nb)   # [Flag(cell, line, code, reason), ...]
 """
@@ -59,7 +59,7 @@ NAMES = {
     "torch.overrides": "reaches PyTorch's function modes", "torch.utils._python_dispatch": "reaches dispatch modes",
     "TorchFunctionMode": "reaches PyTorch's function modes", "TorchDispatchMode": "reaches dispatch modes",
     "builtins": "rebinds Python's built-ins", "__builtins__": "rebinds Python's built-ins",
-    "ttlib.exercises": "reaches the exercises' checker", "ttlib.checks": "reaches the exercises' checker",
+    "ttlib.exercises": "reaches the exercises' checker", "ttlib.course.checks": "reaches the exercises' checker",
     "ttlib.grading": "reaches the grader", "shutil.rmtree": "deletes folders", "os.remove": "deletes files",
     "os.unlink": "deletes files", "os.rmdir": "deletes folders", "os.kill": "signals other processes",
     "os.killpg": "signals other processes", "signal": "handles or sends signals", "os.setsid": "detaches a process",

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from .linux import (
+from ttlib.grading.linux import (
     LINUX,
     PR_SET_CHILD_SUBREAPER,
     PR_SET_PDEATHSIG,
@@ -25,7 +25,7 @@ from .linux import (
     prctl,
     private_mounts,
 )
-from .processes import _alive, _signal, descendants
+from ttlib.grading.processes import _alive, _signal, descendants
 
 SYSTEM_WRITE_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 

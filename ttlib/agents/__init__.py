@@ -1,0 +1,2 @@
+"""The agents beside the Trajectory Transformer: its IQL critic, the baselines (BC, %BC, IQL's policy) and the
+Decision Transformer."""

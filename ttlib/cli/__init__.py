@@ -1,0 +1,1 @@
+"""The `ttlib` command line: one module per group of commands."""

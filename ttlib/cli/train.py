@@ -1,0 +1,194 @@
+"""`ttlib train` and `ttlib train-critic`: their options, what they print, and how a stopped run goes on."""
+
+from __future__ import annotations
+
+from ttlib.cli.baselines import add_baseline_options
+
+
+def _cmd_train(args):
+    from ttlib.training.train import TrainConfig, train
+
+    if args.model == "dt":
+        if args.workers != 1 or args.ray is not None:
+            raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
+                             "process (leave them out with --model dt)")
+        return _cmd_train_dt(args)
+    if args.model in ("bc", "iql"):
+        return _cmd_train_baseline(args)
+    if args.critic is not None or args.beta is not None:
+        raise ValueError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
+                         "train-critic`)")
+    if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
+        raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
+    overrides = _given_settings(args, TrainConfig)
+    config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
+    parallel = args.workers != 1 or args.ray is not None
+    if parallel:  # torchrun's workers, each a slice of every batch (ttlib.training.data_parallel)
+        from ttlib.training import data_parallel, ray_training
+
+        launch = ray_training.on_cluster(args.ray) if args.ray is not None else None
+        result = data_parallel.train(config, out=args.out, resume=args.resume, workers=args.workers, launch=launch,
+                                     max_restarts=args.max_restarts)
+    else:
+        result = train(config, out=args.out, resume=args.resume)
+    last = result.history[-1]
+    on = f" on {args.workers} workers" if parallel else ""
+    _trained(args, result, f"train loss {last['train_loss']:.3f}, validation loss {last['val_loss']:.3f} at the last "
+             f"step, {result.tokens_per_second:,.0f} tokens/s{on}", result.config)
+    if result.restarts:
+        print(f"a worker died: the workers started again {result.restarts} time(s) from the last checkpoint (the "
+              f"last time from step {result.resumed_from})")
+
+
+def _trained(args, result, losses: str, config) -> None:
+    """Say how training went (how far, the last losses, the model kept, overfitting), and write the slim copy
+    --export asks for."""
+    from ttlib.training.best_model import best_line, overfitting
+    from ttlib.training.checkpoints import export_checkpoint
+
+    history = result.history
+    ran = history[-1]["step"] + 1
+    how_far = f"{ran} of {config.steps} steps (stopped early: --early-stop {config.early_stop})" \
+        if ran < config.steps else f"{ran} steps"
+    print(f"trained {how_far}: {losses}; checkpoint {args.out}")
+    if args.export:
+        export_checkpoint(args.out, args.export, which=args.which)
+        print(f"slim copy for shipping ({args.which} model): {args.export}")
+    warning = overfitting(history)
+    print(best_line(result.best, history) + (f". {warning[0].upper()}{warning[1:]}" if warning else ""))
+
+
+def _resumed_config(args, config_class, kind: str) -> dict:
+    """--resume continues the checkpoint's run: its own settings are the defaults (a flag that differs from them
+    is refused by the training's check_resume, naming it), so no flag has to be repeated."""
+    if args.resume is None:
+        return {}
+    from ttlib.training.checkpoints import read_checkpoint
+
+    saved = read_checkpoint(args.resume, kind=kind).get("train_config")
+    return config_class.from_settings(saved).settings() if saved else {}
+
+
+def _given_settings(args, config_class) -> dict:
+    """The settings of `config_class` given on the command line (an option left out is None)."""
+    names = config_class().settings()
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def _cmd_train_dt(args):
+    from ttlib.agents import dt
+    from ttlib.training.train import TrainConfig
+
+    given = set(_given_settings(args, TrainConfig)) - set(dt.DTTrainConfig().settings())
+    if given:
+        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
+        raise ValueError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
+    overrides = _given_settings(args, dt.DTTrainConfig)
+    config = dt.DTTrainConfig.from_settings({**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
+    result = dt.train(config, out=args.out, resume=args.resume)
+    last = result.history[-1]
+    _trained(args, result, f"a Decision Transformer in {result.seconds:.0f} s, train loss "
+             f"{last['train_loss']:.4f}, validation loss {last['val_loss']:.4f} at the last step", config)
+
+
+def _cmd_train_baseline(args):
+    from ttlib.cli.baselines import cmd_train_policy
+    from ttlib.training.train import TrainConfig
+
+    given = set(_given_settings(args, TrainConfig)) - {"dataset", "steps", "seed", "top_percent"}
+    given |= {n for n in ("context", "rtg_scale", "max_timestep") if getattr(args, n) is not None}
+    if given:
+        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
+        raise ValueError(f"--model {args.model} has no option {options}: its options are --dataset, --steps, "
+                         "--seed, --top-percent and (iql) --critic")
+    cmd_train_policy(args)
+
+
+def add_train(sub) -> None:
+    from ttlib.training.train import TrainConfig
+
+    p = sub.add_parser("train", help="train a Trajectory GPT")
+    p.add_argument("--out", required=True, help="checkpoint path (written during training too)")
+    p.add_argument("--resume", help="continue from this checkpoint")
+    p.add_argument("--export", help="also write a slim copy (one model, no optimiser state) here")
+    which_arg(p, "the model --export copies")
+    p.add_argument("--model", choices=["tt", "dt", "bc", "iql"], default="tt", help="Trajectory GPT, Decision "
+                   "Transformer, or a baseline: behaviour cloning (%%BC with --top-percent) or IQL's policy")
+    p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
+    p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
+    p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
+    p.add_argument("--workers", type=int, default=1, help="data-parallel worker processes, each a slice of every "
+                   "batch (torchrun; gloo on CPUs, one GPU each with nccl); default 1")
+    p.add_argument("--ray", metavar="ADDRESS", default=None, help="run the --workers on the Ray cluster at ADDRESS "
+                   "(HOST:PORT; --out must be on storage its machines share)")
+    p.add_argument("--max-restarts", dest="max_restarts", type=int, default=3, help="with --workers: how often the "
+                   "workers start again from the last checkpoint when one dies (default 3)")
+    explain = {"early_stop": "stop after this many evaluations in a row more than 1%% above the best validation "
+                             "loss (default 0: never)",
+               "steps": "default: fitted to the dataset's size (said when training starts); --model dt: 1000",
+               "eval_every": "default: fitted to the dataset's size; --model dt: 250",
+               "top_percent": "learn from the best PERCENT of the episodes by return (default 100: all); with "
+                              "--model bc it makes %%BC, with tt a model for the imitation planner"}
+    for name, default in TrainConfig().settings().items():  # the model's settings among them (--n-layer, ...)
+        fitted = default is None  # left to the data (train.fit_recipe)
+        default_is = "default: fitted to the dataset's size" if fitted else f"default {default}"
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if fitted else type(default), default=None,
+                       help=explain.get(name, default_is))
+    add_baseline_options(p, evaluate=False)
+    p.set_defaults(func=_cmd_train)
+
+
+def which_arg(p, what: str) -> None:
+    p.add_argument("--which", choices=["best", "last"], default="best", help=f"{what}: the best evaluation's "
+                   "(default) or the last step's")
+
+
+def add_train_critic(sub) -> None:
+    from ttlib.agents.critic import CriticConfig
+
+    p = sub.add_parser("train-critic", help="add a Q critic (IQL) to a Trajectory GPT checkpoint, for the planner")
+    p.add_argument("--checkpoint", required=True, help="Trajectory GPT checkpoint; the critic is written into it")
+    p.add_argument("--out", help="write the checkpoint with its critic here instead (default: in place)")
+    for name in ("expectile", "steps", "members", "batch_size", "learning_rate", "hidden", "seed", "val_fraction"):
+        default = getattr(CriticConfig(), name)
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default,
+                       help=f"default {default}")
+    p.set_defaults(func=_cmd_train_critic)
+
+
+def _cmd_train_critic(args):
+    import time
+
+    from ttlib.agents.critic import CriticConfig, add_critic
+
+    config = CriticConfig(expectile=args.expectile, steps=args.steps, members=args.members,  # gamma: the checkpoint's
+                          batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
+                          seed=args.seed, val_fraction=args.val_fraction)
+    t0 = time.perf_counter()
+    _, history = add_critic(args.checkpoint, config, out=args.out)
+    last = history[-1]
+    print(f"critic trained {config.members} x {config.steps} steps in {time.perf_counter() - t0:.0f} s: V loss "
+          f"{last['v_loss']:.2f}, Q loss {last['q_loss']:.2f}; checkpoint {args.out or args.checkpoint}")
+    ends = [row for row in history if row["step"] == config.steps - 1 and "val_td_loss" in row]
+    if ends:
+        held, fitted = (sum(row[key] for row in ends) / len(ends) for key in ("val_td_loss", "train_td_loss"))
+        print(f"TD loss on the held-out episodes {held:.2f}, on as many training transitions {fitted:.2f} "
+              f"({held / fitted:.1f}x; members' mean at the last step)")
+    else:
+        print("no validation: the critic learnt from every episode (--val-fraction 0.05 holds some out to measure "
+              "a TD loss on)")
+
+
+def where_to_resume(args) -> str:
+    """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
+    if args.command != "train":
+        return ""
+    from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+
+    try:
+        step = read_checkpoint(args.out, kind=None)["step"]
+    except CheckpointError:
+        return f"; no checkpoint was written to {args.out} yet, so start again"
+    model = " --model dt" if args.model == "dt" else ""
+    return (f"; the last checkpoint is {args.out} (step {step}); go on with "
+            f"`ttlib train{model} --out {args.out} --resume {args.out}`")

@@ -1,0 +1,2 @@
+"""The offline data: datasets built here or read from Minari, checked before training, and cut into training
+windows."""

@@ -1,0 +1,2 @@
+"""The model: attention with a key/value cache, the Trajectory GPT, and the tokenizer that turns trajectories into
+its tokens and back."""

@@ -1,0 +1,437 @@
+"""Beam-search planning with the Trajectory GPT, batched over environments and run on the KV cache.
+
+The model has learned p(next token | trajectory so far). To act, we let it imagine many futures and keep the
+ones it believes pay off best:
+
+    for each of `horizon` steps:
+        expand:  every kept beam gets `sample_expand` children
+        actions: sample the action tokens (this is where the futures differ)
+        reward, value: read the model's distribution for both; score each child by
+                 sum_k gamma^k E[r_k] + gamma^(t+1) E[V_t]   (rewards so far + the value of what follows)
+                 or, with a critic (`value="critic"`, see `critic.py`), by
+                 sum_{k<t} gamma^k E[r_k] + gamma^t Q(s_t, a_t)   (rewards so far + the critic's value of the action)
+                 or, imitating (`value="likelihood"`, the paper's imitation mode), by
+                 sum_k log p(a_k)   (how likely the model finds the plan's actions: no reward at all)
+        select:  keep the best `beam_width` children per environment
+        observe: decode the next observation greedily (top-1): the model's most likely outcome
+
+The first action of the best plan is executed and the whole search runs again at the next step.
+
+Three decoders give the next token's logits, behind one interface (logits, feed, expand, select, release):
+`CachedDecoder` (the model's own KV cache, `model(x, cache=...)` and `KVCache.reorder`: the one to read),
+`fast_decoder.FusedDecoder` (the same numbers with far fewer operations: the CPU's default) and `RecomputeDecoder`
+(runs the whole sequence again for every token, the naive baseline). A fourth way runs the whole search, not only
+the model, with static shapes: `static_decoder`, which a GPU replays as CUDA graphs (its default in a rollout). All
+consume the same random numbers (`search.py`), so the same seed gives the same plan with any of them (exactly in
+float64; in float32 rounding may break a near-tie). Random numbers come from a counter-based hash of (environment
+key, token counter, beam row): an environment's plan does not depend on which other environments share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from ttlib.agents.critic import Critic
+from ttlib.model.gpt import TrajectoryGPT
+from ttlib.model.tokenizer import TrajectoryTokenizer
+from ttlib.planning.fast_decoder import BufferPool, FusedDecoder
+from ttlib.planning.search import Plan, best_children, counter_uniform, decode_plan, plan_score, sample_bins
+from ttlib.planning.static_decoder import static_plan
+from ttlib.planning.triton_step import TritonPlanner
+
+__all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
+
+
+CACHES = ("auto", "fused", "readable", "static", "triton")  # PlannerConfig.cache (see static_search for "auto")
+AUTO_ON_CPU = "fused"  # measured: `ttlib bench planning` times both side by side (docs/RESULTS.md, "Speed")
+AUTO_ON_CUDA = "static"  # "static" or "triton" (its step one Triton kernel): tools/gpu-check's triton part times
+# both; "triton" once it measures faster there
+VALUES = ("token", "critic", "likelihood")  # what can score a plan (PlannerConfig.value)
+
+
+@dataclass
+class PlannerConfig:
+    beam_width: int = 32  # candidate plans kept per environment after each step
+    horizon: int = 5  # transitions imagined ahead
+    sample_expand: int = 2  # children sampled from every kept plan at each step
+    context: int = 5  # transitions of history the model sees, the current observation's included
+    top_k_action: int | None = None  # sample actions among the k likeliest bins only (None: all)
+    top_p_action: float | None = None  # ...and among the likeliest bins that hold this much probability (None: all)
+    temperature: float = 1.0  # softmax temperature for action sampling
+    gamma: float = 0.99  # discount used to score plans
+    value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
+    value: str = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
+    #                       "likelihood" (the log-probability of its actions: imitation, for a model of good data)
+    use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
+    cache: str = "auto"  # with use_cache: "fused" (fast_decoder.FusedDecoder), "readable" (CachedDecoder), "static"
+    # (static_decoder: the whole search with static shapes), "triton" (the same, each decoding step one Triton
+    # kernel: triton_step; CUDA) or "auto": AUTO_ON_CUDA on a GPU planning again and again (buffers kept: the
+    # graphs are replayed), else fused (static_search)
+    cuda_graphs: bool = True  # static on a GPU, planning again and again (buffers kept): replay CUDA graphs
+    compile_step: bool = False  # static: fuse the decoding step's small kernels with torch.compile first
+    # (Triton on a GPU; a one-time compile of about a minute, measured by gpu-check before it is a default)
+
+    def validate(self) -> None:
+        for name in ("beam_width", "horizon", "sample_expand", "context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k_action is not None and self.top_k_action < 1:
+            raise ValueError(f"top_k_action must be >= 1 or None, got {self.top_k_action}")
+        if self.top_p_action is not None and not 0 < self.top_p_action <= 1:
+            raise ValueError(f"top_p_action must be in (0, 1] or None, got {self.top_p_action}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.value_weight < 0:
+            raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
+        if self.value not in VALUES:
+            raise ValueError(f"value must be one of {', '.join(map(repr, VALUES))}, got {self.value!r}")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache must be one of {', '.join(map(repr, CACHES))}, got {self.cache!r}")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+
+
+def check_critic(config: PlannerConfig, critic) -> None:
+    """A planner that scores with a critic needs one: say so before any search starts."""
+    if config.value == "critic" and critic is None:
+        raise ValueError("this planner scores with a critic (value='critic') but none was given: pass critic=, "
+                         "train one with `ttlib train-critic`, or plan with value='token'")
+
+
+def course_planner(**overrides) -> PlannerConfig:
+    """The planner setting used for the course's LunarLander checkpoint (README, notebooks 05-09, `ttlib evaluate`).
+
+    A short context and horizon with top-k action sampling: on this small, briefly trained model a long context
+    makes the closed-loop agent copy its own past actions. Keyword arguments override single fields.
+    """
+    settings = dict(beam_width=32, horizon=3, sample_expand=4, context=1, top_k_action=20)
+    settings.update(overrides)
+    return PlannerConfig(**settings)
+
+
+def critic_planner(**overrides) -> PlannerConfig:
+    """The course's planner with a Q critic (`critic.py`, notebook 06 section 3): what `ttlib evaluate` plans with
+    when the checkpoint carries a critic. The model proposes 128 actions (32 beams x 4, top-k 20) and the critic
+    ranks them; one step ahead, because the critic already values all that follows, and every further step would
+    judge the model's imagined, binned observations instead of the real one."""
+    return course_planner(**{"value": "critic", "horizon": 1, **overrides})
+
+
+def imitation_planner(**overrides) -> PlannerConfig:
+    """The Trajectory Transformer's imitation mode (the paper's): the model proposes 128 actions, as in the
+    critic planner, and the likeliest of them is taken -- no reward, no value. Meant for a model trained on good
+    data only (`ttlib train --top-percent 25`), which it then copies as %BC does -- as far as the model's actions
+    are accurate: at the course's training budgets they are not yet (docs/RESULTS.md). On mixed data the likeliest
+    action is the mixture's (notebook 06, "without search")."""
+    return course_planner(**{"value": "likelihood", "horizon": 1, **overrides})
+
+
+# ---- decoders: where the next token's logits come from ------------------------------------------------------
+class CachedDecoder:
+    """One token at a time for every row, on the model's own KV cache: the decoder notebook 05 reads.
+
+    Every row holds its own copy of its keys and values; expanding and selecting beams are `KVCache.reorder`.
+    `fast_decoder.FusedDecoder` computes the same logits with far fewer operations (and no copies of the shared
+    context), and is what `beam_plan` uses by default.
+    """
+
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int,
+                 buffers=None):
+        E, P = prefix.shape
+        self.model = model
+        self.cache = model.new_cache(E)  # room for the model's whole window
+        logits, _ = model(prefix, cache=self.cache, last_only=True)  # (E, 1, N): the context, computed once
+        self.cache.reorder(torch.arange(E, device=prefix.device).repeat_interleave(beams_per_env))  # W copies
+        self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
+
+    def feed(self, bins: torch.Tensor) -> torch.Tensor:
+        """bins (B,) of the next token of every row -> logits (B, N) of the token after it."""
+        return self.model(bins[:, None], cache=self.cache, last_only=True)[0][:, 0]
+
+    def expand(self, children: int) -> None:
+        rows = torch.arange(self.cache.batch, device=self.cache.k.device)
+        self.cache.reorder(rows.repeat_interleave(children))  # (B*children,) each row `children` times
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.reorder(keep)
+
+    def release(self) -> None:
+        self.cache = None
+
+
+class RecomputeDecoder:
+    """The naive baseline: every new token runs the model over the whole sequence again."""
+
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int,
+                 buffers=None):
+        self.model = model
+        self.sequence = prefix.repeat_interleave(beams_per_env, dim=0)  # (E*W, P)
+        self.logits = model(self.sequence, last_only=True)[0][:, 0]
+
+    def feed(self, bins: torch.Tensor) -> torch.Tensor:
+        self.sequence = torch.cat([self.sequence, bins[:, None]], dim=1)
+        return self.model(self.sequence, last_only=True)[0][:, 0]
+
+    def expand(self, children: int) -> None:
+        self.sequence = self.sequence.repeat_interleave(children, dim=0)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.sequence = self.sequence[keep]
+
+    def release(self) -> None:
+        self.sequence = None
+
+
+def decoder_for(use_cache: bool, cache: str = "fused"):
+    """The decoder class a planner setting asks for (see PlannerConfig.use_cache and .cache). The static search
+    has no decoder of its own to call token by token: there, the fused decoder computes the same logits."""
+    if not use_cache:
+        return RecomputeDecoder
+    return CachedDecoder if cache == "readable" else FusedDecoder
+
+
+def static_search(config: PlannerConfig, device: torch.device, trace=None, critic=None, kept: bool = True) -> bool:
+    """Whether beam_plan runs `static_decoder`'s search: asked for, or "auto" on CUDA with buffers kept from plan to
+    plan (kept: the graphs recorded once are replayed; a single plan would only pay for recording them), or on a
+    CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with a critic, the
+    likelihood or a trace, it says so ("auto" then takes the fused decoder)."""
+    other = critic is not None or trace is not None or config.value == "likelihood"
+    if config.cache in ("static", "triton") and config.use_cache and other:
+        raise ValueError(f"the static search (cache={config.cache!r}) scores with the value token and keeps no "
+                         "trace: plan with cache='fused' for a critic, the likelihood or a search tree")
+    on_cuda = kept and config.cuda_graphs
+    auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
+    return config.use_cache and (config.cache in ("static", "triton") or auto) and not other
+
+
+def static_planner_class(config: PlannerConfig, device: torch.device):
+    """The static search's planner: TritonPlanner (its step one Triton kernel) where asked for, or by "auto" on
+    CUDA if AUTO_ON_CUDA says so; else StaticPlanner (None)."""
+    auto = config.cache == "auto" and device.type == "cuda" and AUTO_ON_CUDA == "triton"
+    return TritonPlanner if config.cache == "triton" or auto else None
+
+
+def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True,
+                 cache: str = "fused") -> torch.Tensor:
+    """What one decoder computes along given tokens: prefix (E, P), bins (E, n) fed after it -> (E, n, N), the
+    logits it gave for each of the n tokens. Fed a plan's own tokens, the cached and the recomputing decoder must
+    agree to rounding: "the cache changes nothing" without a search's near-ties in the way. The logits are on the
+    model's device (a plan's bins come back on the CPU: they are moved there)."""
+    device = model.pos_emb.device
+    prefix, bins = prefix.to(device), bins.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            decoder = decoder_for(use_cache, cache)(model, prefix, 1, bins.shape[1])
+            logits = [decoder.logits]  # (E, N) for the first token
+            logits += [decoder.feed(bins[:, j]) for j in range(bins.shape[1] - 1)]
+            decoder.release()
+        return torch.stack(logits, dim=1)
+    finally:
+        model.train(was_training)
+
+
+def score_actions(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, actions,
+                  gamma: float = 0.99, use_cache: bool = True) -> torch.Tensor:
+    """What the search thinks of given actions: prefix (E, P) contexts, actions (E, act_dim) real actions ->
+    (E,) E[r] + gamma E[V], the score of a one-step plan that takes them (the reward read as `beam_plan` reads it,
+    its likeliest bin fed before the value)."""
+    O, A = tokenizer.obs_dim, tokenizer.act_dim
+    device = model.pos_emb.device
+    actions = torch.as_tensor(actions).cpu().numpy()
+    bins = torch.as_tensor(tokenizer.encode(actions, slice(O, O + A), on_clip="ignore"), device=device)  # (E, A)
+    prefix, padding = prefix.to(device), bins.new_zeros(len(bins), 1)
+    reward_logits = logits_along(model, prefix, torch.cat([bins, padding], 1), use_cache)[:, A]  # (E, N)
+    fed = torch.cat([bins, reward_logits.argmax(-1, keepdim=True), padding], 1)
+    value_logits = logits_along(model, prefix, fed, use_cache)[:, A + 1]  # (E, N)
+    reward = tokenizer.expectation(torch.softmax(reward_logits, -1), tokenizer.reward_dim)
+    value = tokenizer.expectation(torch.softmax(value_logits, -1), tokenizer.value_dim)
+    return (reward + gamma * value).cpu()
+
+
+def token_name(j: int, obs_dim: int, act_dim: int) -> str:
+    """What generated token j of a plan is: 'step 1, action dim 0', 'step 0, reward', 'step 2, observation dim 3'."""
+    step, i = divmod(j, act_dim + 2 + obs_dim)  # per step: action, reward, value, next observation
+    if i < act_dim:
+        return f"step {step}, action dim {i}"
+    if i - act_dim < 2:
+        return f"step {step}, {('reward', 'value')[i - act_dim]}"
+    return f"step {step}, observation dim {i - act_dim - 2} (after it)"
+
+
+def tokens_fed(obs_dim: int, act_dim: int, horizon: int) -> int:
+    """Tokens a plan feeds to the model after the context: actions+reward each step, value+obs between steps."""
+    return horizon * (act_dim + 1) + (horizon - 1) * (1 + obs_dim)
+
+
+def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
+    """A context of C transitions plus a horizon of H must fit the model's window: C + H - 1 <= n_transitions."""
+    n = model.config.n_transitions
+    if context + horizon - 1 > n:
+        raise ValueError(f"context ({context}) + horizon ({horizon}) - 1 = {context + horizon - 1} transitions "
+                         f"do not fit the model's window of {n} transitions; lower context or horizon")
+
+
+def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
+              config: PlannerConfig, buffers: BufferPool | None = None, trace: list | None = None,
+              critic: Critic | None = None, observation: torch.Tensor | None = None) -> Plan:
+    """Plan for E environments at once.
+
+    prefix (E, P): every environment's context as bins, ending with its current observation (all E the same
+    length). keys (E,) int64: one random key per environment and decision (e.g. hash of seed and step).
+    buffers: the cache buffers (and the static search, with its CUDA graphs), kept from one call to the next by
+    whoever plans again and again (a rollout); None allocates fresh ones (and replays no graphs). The model plans
+    in evaluation mode (no dropout); its mode is restored afterwards. trace: a list to which every step appends
+    (score (E*W*X,) of its children, keep (E*W,) the rows it kept), on the CPU: the search tree, for
+    `viz.plot_beam_tree`. critic: the Q critic that `config.value == "critic"` scores with (on the model's
+    device); ignored with `value="token"`. observation (E, obs_dim): the current observations as the environments
+    gave them, which the critic scores the first action in (None: the prefix's last observation, decoded). On a GPU
+    with buffers kept the search runs with static shapes
+    (`static_decoder`), replayed as CUDA graphs; otherwise, with a critic or a trace, on the fused decoder.
+    """
+    check_critic(config, critic)
+    was_training = model.training
+    model.eval()
+    try:
+        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace,
+                          critic if config.value == "critic" else None, observation)
+    finally:
+        model.train(was_training)
+
+
+def _check_prefix(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, horizon: int) -> None:
+    c = model.config
+    O, A, td = c.obs_dim, c.act_dim, c.transition_dim
+    if (tokenizer.obs_dim, tokenizer.act_dim) != (O, A):
+        raise ValueError(f"tokenizer is for obs {tokenizer.obs_dim}/act {tokenizer.act_dim} but the model for "
+                         f"obs {O}/act {A}")
+    if prefix.shape[1] % td != O:
+        raise ValueError(f"the context must be whole transitions followed by one observation ({O} tokens), "
+                         f"got {prefix.shape[1]} tokens with transition_dim {td}")
+    check_fits(model, prefix.shape[1] // td + 1, horizon)
+
+
+@dataclass
+class Beams:
+    """What the search knows of every row (a beam, or a child while sampling)."""
+    generated: torch.Tensor  # (rows, n) bins generated so far
+    discounted_rewards: torch.Tensor  # (rows,) sum_k gamma^k E[r_k] so far
+    rewards: torch.Tensor  # (rows, H) expected reward of every step
+    values: torch.Tensor  # (rows, H) expected value after every step
+    states: torch.Tensor  # (rows, obs_dim) the observation the next action is taken in (critic only): the real
+    #                       one at the first step, the model's decoded one after it
+    log_likelihood: torch.Tensor  # (rows,) sum of log p of the action bins sampled so far, under the model
+
+    def rows(self, index: torch.Tensor) -> Beams:
+        return Beams(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def repeat(self, children: int) -> Beams:
+        return Beams(*(getattr(self, f.name).repeat_interleave(children, 0) for f in fields(self)))
+
+    def append(self, bins: torch.Tensor) -> None:
+        self.generated = torch.cat([self.generated, bins[:, None]], dim=1)
+
+
+def decoded(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, dims: slice) -> torch.Tensor:
+    """bins (rows, n) of the n consecutive dimensions `dims` -> what they decode to (each bin's mean), (rows, n)
+    float32, on bins' device: `tokenizer.decode` without leaving torch."""
+    means = torch.as_tensor(tokenizer.means[dims], dtype=torch.float32, device=bins.device)  # (n, n_bins)
+    return means.gather(1, bins.T).T
+
+
+def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, action_bins: list, critic):
+    """Every child's score after step t, as `config.value` asks: the log-likelihood of its actions, its discounted
+    rewards and the value token, or the rewards before step t and the critic's Q(s_t, a_t) (which holds r_t)."""
+    if config.value == "likelihood":
+        return beams.log_likelihood.clone()
+    if critic is None:
+        return beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
+    O, A = tokenizer.obs_dim, tokenizer.act_dim
+    actions = decoded(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (rows, A)
+    return rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
+
+
+@torch.inference_mode()
+def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+    config.validate()
+    _check_prefix(model, tokenizer, prefix, config.horizon)
+    O, A = model.config.obs_dim, model.config.act_dim
+    E, H, W, X = prefix.shape[0], config.horizon, config.beam_width, config.sample_expand
+    device = model.pos_emb.device
+    prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
+    if static_search(config, device, trace, critic, kept=buffers is not None):
+        return static_plan(model, tokenizer, prefix, keys, config, buffers, static_planner_class(config, device))
+
+    decoder = decoder_for(config.use_cache, config.cache)(
+        model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each
+    logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
+    zeros = logits.new_zeros(E * W, H)
+    states = current_states(tokenizer, prefix, observation, critic is not None)  # (E, O), or (E, 0) without a critic
+    beams = Beams(prefix.new_zeros(E * W, 0), zeros[:, 0].clone(), zeros, zeros.clone(),
+                  states.repeat_interleave(W, 0), zeros[:, 0].clone())
+    row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1) every child's environment key
+    rows = (torch.arange(E * W * X, device=device) % (W * X))[:, None]  # (E*W*X, 1) its index in its environment
+
+    for t in range(H):
+        decoder.expand(X)  # each beam becomes X children, which share its past in the cache
+        logits, beams = logits.repeat_interleave(X, dim=0), beams.repeat(X)
+        counters = torch.arange(t * A, (t + 1) * A, device=device)  # (A,) one number per action dimension
+        uniforms = counter_uniform(row_keys, counters, rows)  # (E*W*X, A)
+        action_bins = []
+        for a in range(A):  # sample the action, one dimension at a time
+            bins = sample_bins(logits, uniforms[:, a], config.top_k_action, config.temperature, config.top_p_action)
+            if config.value == "likelihood":  # under the model's own distribution, not the truncated one
+                beams.log_likelihood += torch.log_softmax(logits, -1).gather(1, bins[:, None])[:, 0]
+            beams.append(bins)
+            action_bins.append(bins)
+            logits = decoder.feed(bins)
+        reward_probs, reward_bins = torch.softmax(logits, dim=-1), logits.argmax(dim=-1)
+        beams.append(reward_bins)
+        logits = decoder.feed(reward_bins)
+        value_probs, value_bins = torch.softmax(logits, dim=-1), logits.argmax(dim=-1)
+        beams.rewards[:, t] = tokenizer.expectation(reward_probs, tokenizer.reward_dim)
+        beams.values[:, t] = tokenizer.expectation(value_probs, tokenizer.value_dim)
+        rewards_before = beams.discounted_rewards  # (E*W*X,) sum_{k<t} gamma^k E[r_k]
+        beams.discounted_rewards = rewards_before + config.gamma**t * beams.rewards[:, t]
+        score = _children_scores(config, tokenizer, beams, t, rewards_before, action_bins, critic)  # (E*W*X,)
+
+        keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
+        if trace is not None:
+            trace.append((score.cpu().clone(), keep.cpu().clone()))
+        beams, score, value_bins = beams.rows(keep), score[keep], value_bins[keep]
+        beams.append(value_bins)
+        if t == H - 1:  # after the last step's selection no token is fed: the cache need not follow
+            break
+        decoder.select(keep)
+        logits = decoder.feed(value_bins)  # the value token goes in now, for the W survivors only
+        for _ in range(O):  # the most likely next observation
+            bins = logits.argmax(dim=-1)
+            beams.append(bins)
+            logits = decoder.feed(bins)
+        if critic is not None:
+            beams.states = decoded(tokenizer, beams.generated[:, -O:], slice(0, O))  # (E*W, O) imagined
+
+    decoder.release()
+    best = score.view(E, W).argmax(dim=1) + torch.arange(E, device=device) * W  # (E,)
+    return _decode_plan(tokenizer, beams.rows(best), score[best], H)
+
+
+def current_states(tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, observation, for_critic: bool):
+    """What the critic scores the first action in: the real current observation (E, O) when the caller knows it,
+    else the prefix's last observation decoded; (E, 0) when no critic scores."""
+    E, O = prefix.shape[0], tokenizer.obs_dim
+    if not for_critic:
+        return prefix.new_zeros(E, 0, dtype=torch.float32)
+    if observation is None:
+        return decoded(tokenizer, prefix[:, -O:], slice(0, O))
+    observation = torch.as_tensor(observation, dtype=torch.float32).to(prefix.device)
+    if observation.shape != (E, O):
+        raise ValueError(f"observation must be (environments, obs_dim) = ({E}, {O}), got {tuple(observation.shape)}")
+    return observation
+
+
+def _decode_plan(tokenizer, best: Beams, score, horizon) -> Plan:
+    return decode_plan(tokenizer, best.generated, best.rewards, best.values, score, horizon)
