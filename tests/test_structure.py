@@ -16,6 +16,8 @@ second). Each failure names every offender with its size, so one run says what r
    `ttlib` command line, whose `ttlib grade` is the grader's front door) never reaches ttlib.grading, directly or
    through another module; and nothing in ttlib imports tools/, which is not installed.
 4. CI runs the README's test command, verbatim.
+5. Rooms, not a heap: ttlib's top level keeps at most 6 modules (its faces); everything else lives in a subpackage
+   named for what it holds, and docs/ARCHITECTURE.md's picture of which room imports which is the source's.
 """
 
 from __future__ import annotations
@@ -227,6 +229,25 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert "--durations=" in commands[0], "the test command should name the slowest tests (--durations=N)"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert commands[0] in ci, f".ci/run does not run the README's test command: {commands[0]}"
+
+
+TOP_LEVEL_MODULES = 6  # __init__, __main__ and a few faces (errors, files)
+
+
+def test_ttlibs_top_level_keeps_only_its_faces_and_every_folder_is_a_package():
+    top = sorted(p.name for p in (ROOT / "ttlib").glob("*.py"))
+    assert len(top) <= TOP_LEVEL_MODULES, f"{len(top)} modules at ttlib's top level (at most {TOP_LEVEL_MODULES}: " \
+        f"move the rest into the room that holds their kind, see docs/ARCHITECTURE.md): {top}"
+    folders = [p for p in (ROOT / "ttlib").rglob("*") if p.is_dir() and any(p.glob("*.py"))]
+    missing = sorted(str(p.relative_to(ROOT)) for p in folders if not (p / "__init__.py").is_file())
+    assert not missing, f"folders of modules without an __init__.py (a docstring saying what the room holds): {missing}"
+
+
+def test_the_architecture_picture_is_the_sources():
+    from tools import architecture
+
+    assert architecture.updated(architecture.DOC.read_text(encoding="utf-8")) == \
+        architecture.DOC.read_text(encoding="utf-8"), "docs/ARCHITECTURE.md is stale: python -m tools.architecture"
 
 
 # ---- the checks themselves find what they should ------------------------------------------------------------------

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
+from ttlib.errors import TTLibError
 
 __all__ = ["PolicyConfig", "MLPPolicy", "BaselineError", "best_episodes", "fit_policy", "train_policy",
            "awr_weights", "evaluate", "save_policy", "load_policy", "course_baseline", "KINDS"]
@@ -36,7 +37,7 @@ POLICY_KIND = "policy"  # a checkpoint's kind
 COURSE_BASELINE = "pbc_lunarlander.safetensors"  # shipped: %BC on the best 25% of the course dataset (docs/DATASETS.md)
 
 
-class BaselineError(ValueError):
+class BaselineError(TTLibError, ValueError):
     """A baseline that cannot be trained or played as asked."""
 
 

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from ttlib.data import trajectories as ttdata
 from ttlib.data.trajectories import split_episodes, subset
+from ttlib.errors import TTLibError
 from ttlib.training.checkpoint_files import write_payload
 from ttlib.training.checkpoints import CheckpointError, load_weights, pick_device, read_checkpoint
 
@@ -33,7 +34,7 @@ __all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_l
            "add_critic"]
 
 
-class CriticError(ValueError):
+class CriticError(TTLibError, ValueError):
     """A critic that cannot be used with this model or data."""
 
 

@@ -21,6 +21,8 @@ import minari
 import numpy as np
 from minari.storage import get_dataset_path
 
+from ttlib.errors import TTLibError
+
 DEFAULT_DATASET = "ttlib/lunarlander/mixed-v0"  # the course dataset, built locally, offline
 NO_EXPERT_DATASET = "ttlib/lunarlander/no-expert-v0"  # the same lander without the expert: a late pilot and random
 HALFCHEETAH_DATASET = "ttlib/halfcheetah/scripted-v0"  # small MuJoCo-shaped dataset (obs 17, act 6), offline
@@ -30,7 +32,7 @@ OWN_DATASETS = (DEFAULT_DATASET, NO_EXPERT_DATASET, HALFCHEETAH_DATASET)
 REBUILD_HINT = "rebuild it with `ttlib make-dataset --force` (or ttlib.data.trajectories.build({id!r}, force=True))"
 
 
-class DatasetError(ValueError):
+class DatasetError(TTLibError, ValueError):
     """Every bad input the data modules detect: one line that says what is wrong and what to do about it."""
 
 

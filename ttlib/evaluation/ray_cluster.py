@@ -11,8 +11,10 @@ import os
 import socket
 import sys
 
+from ttlib.errors import TTLibError
 
-class DistributedError(RuntimeError):
+
+class DistributedError(TTLibError, RuntimeError):
     """Ray is missing, the cluster cannot be reached, or episodes could not be completed."""
 
 

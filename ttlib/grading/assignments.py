@@ -28,6 +28,7 @@ import nbformat
 from nbgrader.plugins import ExportPlugin
 
 from ttlib.course.notebooks import NOTEBOOKS
+from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
 CONFIG_FILE = "nbgrader_config.py"
@@ -37,7 +38,7 @@ STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")  # what a submission'
 BADGE_PATH = re.compile(r"(/blob/[\w.-]+/notebooks/)([\w.-]+\.ipynb\))")
 
 
-class GradingError(ValueError):
+class GradingError(TTLibError, ValueError):
     """Bad input to a `ttlib grade` command: the message says what to fix."""
 
 

@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttlib.errors import TTLibError
 
-class CacheFullError(RuntimeError):
+
+class CacheFullError(TTLibError, RuntimeError):
     """Raised when a token is written past the cache's capacity."""
 
 

@@ -25,12 +25,13 @@ import warnings
 import numpy as np
 import torch
 
+from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
 STRATEGIES = ("uniform", "quantile")
 
 
-class TokenizerRangeError(ValueError):
+class TokenizerRangeError(TTLibError, ValueError):
     """Raised (with on_clip="raise") when values fall outside the range the tokenizer was fitted on."""
 
 

@@ -28,6 +28,7 @@ import os
 import numpy as np
 import torch
 
+from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "write_payload", "read_payload", "convert_pickled"]
@@ -39,7 +40,7 @@ METADATA_KEY = "ttlib"  # the safetensors metadata entry that holds the payload'
 MAX_HEADER = 100 * 2**20  # a safetensors header longer than this is not one of ours (weights are not in it)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TTLibError, ValueError):
     """A checkpoint that is missing, corrupt, of another kind, or does not fit the model/environment."""
 
 

@@ -23,6 +23,7 @@ from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
 from ttlib.data.trajectories import split_episodes, subset  # (notebook 03 calls them from train too)
+from ttlib.errors import TTLibError
 from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.best_model import BestModel, overfitting
@@ -39,7 +40,7 @@ from ttlib.training.checkpoints import (  # noqa: F401 (default_checkpoint, load
 )
 
 
-class TrainingError(ValueError):
+class TrainingError(TTLibError, ValueError):
     """Training that cannot go on: the loss became NaN or infinite."""
 
 
