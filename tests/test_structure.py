@@ -18,11 +18,15 @@ second). Each failure names every offender with its size, so one run says what r
 4. CI runs the README's test command, verbatim.
 5. Rooms, not a heap: ttlib's top level keeps at most 6 modules (its faces); everything else lives in a subpackage
    named for what it holds, and docs/ARCHITECTURE.md's picture of which room imports which is the source's.
+6. One error base: every exception class ttlib defines derives from ttlib.errors.TTLibError (which `ttlib` prints as
+   one line) and from a built-in error (so `except ValueError` still works). Not counted: warnings, the grader's
+   private signals (`_Stop`), and the exercises' AssertionErrors, which are the learner's messages.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +183,55 @@ def where(edge: Import) -> str:
     return f"{edge.source} -> {edge.target} (line {edge.line}{', in a function' if edge.in_function else ''})"
 
 
+def error_classes(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Every exception class the modules define ("module.Name"), with the names of all its ancestors: the modules'
+    own classes followed by their simple names, a built-in by its name, a dotted base from elsewhere
+    (`nbgrader.X`) by its last part, counted as an error when that part ends in Error or Exception."""
+    bases = {}  # simple name -> base names (the last part of a dotted one)
+    where = {}  # "module.Name" -> simple name
+    for module, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                bases.setdefault(node.name, []).extend(ast.unparse(b).rpartition(".")[2] for b in node.bases)
+                where[f"{module}.{node.name}"] = node.name
+
+    def ancestors(name: str, seen: frozenset = frozenset()) -> set[str]:
+        if name in seen:
+            return set()
+        found = set()
+        for base in bases.get(name, []):
+            found |= {base} | ancestors(base, seen | {name})
+        return found
+
+    def is_error(name: str) -> bool:
+        if isinstance(getattr(builtins, name, None), type):
+            return issubclass(getattr(builtins, name), BaseException)
+        return name.endswith(("Error", "Exception"))
+
+    found = {qualified: ancestors(name) for qualified, name in where.items()}
+    return {qualified: names for qualified, names in found.items() if any(is_error(a) for a in names)}
+
+
+def not_ttlib_errors(trees: dict[str, ast.Module]) -> list[str]:
+    """The exception classes that break rule 6, each with what it lacks."""
+    wrong = []
+    for qualified, ancestors in sorted(error_classes(trees).items()):
+        module, _, name = qualified.rpartition(".")
+        warning = any(issubclass(getattr(builtins, a), Warning) for a in ancestors
+                      if isinstance(getattr(builtins, a, None), type))
+        if (warning or qualified == "ttlib.errors.TTLibError"
+                or (module.startswith("ttlib.grading") and name.startswith("_"))
+                or (module.startswith("ttlib.exercises") and "AssertionError" in ancestors)):
+            continue
+        builtin = {a for a in ancestors if isinstance(getattr(builtins, a, None), type)} - {"Exception",
+                                                                                            "BaseException"}
+        lacks = [what for what, ok in (("TTLibError", "TTLibError" in ancestors),
+                                       ("a built-in error (ValueError, RuntimeError, ...)", builtin)) if not ok]
+        if lacks:
+            wrong.append(f"  {qualified}: not derived from {' nor '.join(lacks)}")
+    return wrong
+
+
 # ---- the rules -----------------------------------------------------------------------------------------------------
 SOURCE = Source.read()
 
@@ -250,6 +303,14 @@ def test_the_architecture_picture_is_the_sources():
         architecture.DOC.read_text(encoding="utf-8"), "docs/ARCHITECTURE.md is stale: python -m tools.architecture"
 
 
+def test_every_error_ttlib_defines_derives_from_ttliberror_and_a_builtin():
+    trees = {name: tree for name, (_, tree) in SOURCE.trees.items() if name.startswith("ttlib")}
+    assert "ttlib.training.checkpoint_files.CheckpointError" in error_classes(trees)  # the scan sees them
+    wrong = not_ttlib_errors(trees)
+    assert not wrong, ("ttlib's errors derive from ttlib.errors.TTLibError and the built-in that fits, e.g. "
+                       "`class FooError(TTLibError, ValueError)`:\n" + "\n".join(wrong))
+
+
 # ---- the checks themselves find what they should ------------------------------------------------------------------
 def test_the_checks_find_a_long_function_a_circle_and_a_one_piece_sentence():
     long = ast.parse("def outer():\n    def inner():\n" + "        x = 1\n" * 70 + "    return inner\n")
@@ -264,3 +325,24 @@ def test_the_checks_find_a_long_function_a_circle_and_a_one_piece_sentence():
     assert circles(a + b + c) == [["p.a", "p.b", "p.c"]]
     assert circles(a + b) == []
     assert [e.target for e in reachable("p.a", a + b)["p.c"]] == ["p.b", "p.c"]
+
+
+def test_the_error_check_finds_an_error_outside_the_base_and_spares_warnings_and_learners_messages():
+    trees = {
+        "ttlib.errors": ast.parse("class TTLibError(Exception): pass\n"),
+        "ttlib.a": ast.parse("from ttlib.errors import TTLibError\n"
+                             "class Good(TTLibError, ValueError): pass\n"
+                             "class AlsoGood(Good): pass\n"
+                             "class Bare(TTLibError): pass\n"
+                             "class Plain(RuntimeError): pass\n"
+                             "class FromElsewhere(nbgrader.GradingException): pass\n"
+                             "class Quiet(UserWarning): pass\n"
+                             "class NotAnError(dict): pass\n"),
+        "ttlib.exercises.x": ast.parse("class Failed(AssertionError): pass\n"),
+        "ttlib.grading.y": ast.parse("class _Stop(Exception): pass\nclass Public(Exception): pass\n"),
+    }
+    assert set(error_classes(trees)) == {"ttlib.errors.TTLibError", "ttlib.a.Good", "ttlib.a.AlsoGood", "ttlib.a.Bare",
+                                         "ttlib.a.Plain", "ttlib.a.FromElsewhere", "ttlib.a.Quiet",
+                                         "ttlib.exercises.x.Failed", "ttlib.grading.y._Stop", "ttlib.grading.y.Public"}
+    assert [line.split(":")[0].strip() for line in not_ttlib_errors(trees)] == [
+        "ttlib.a.Bare", "ttlib.a.FromElsewhere", "ttlib.a.Plain", "ttlib.grading.y.Public"]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ttlib.bench.flops import ATTENTION_PRODUCTS, LINEAR_PRODUCTS, plan_flops, product_flops, recorded_products, replay
+from ttlib.errors import ConfigError
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.beam import AUTO_ON_CPU, PlannerConfig, beam_plan, logits_along, tokens_fed
@@ -103,7 +104,7 @@ def seconds(fn) -> float:
 def timed(fn, repeats: int, warmup: int = 1) -> float:
     """Median wall-clock seconds of fn() over `repeats` runs after `warmup` runs."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         fn()
     return statistics.median(seconds(fn) for _ in range(repeats))
@@ -212,7 +213,7 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
     recomputing decoder's logits along a plan (its first 4 environments). faster_tt: a checkout of faster-TT, whose
     batch_beam_plan is then timed alternately with ours on a model of the same shape, `faster_tt_repeats` times."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     decoders = tuple(decoders or decoders_for(device))
     p = preset_of(preset)
     model, tokenizer = random_model(p, device, getattr(torch, dtype))
@@ -306,8 +307,8 @@ def faster_tt_planner(checkout: str, preset: Preset, batch: int, device="cpu"):
 
     root = Path(checkout).resolve()
     if not (root / "trajectory" / "planning" / "beam.py").is_file():
-        raise ValueError(f"no faster-TT checkout at {checkout} (trajectory/planning/beam.py is missing): clone "
-                         "github.com/Howuhh/faster-trajectory-transformer there")
+        raise ConfigError(f"no faster-TT checkout at {checkout} (trajectory/planning/beam.py is missing): clone "
+                          "github.com/Howuhh/faster-trajectory-transformer there")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     if "trajectory.models.gpt" not in sys.modules:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ttlib.bench.decoding import Preset, _name, environment, planner_for, preset_of, random_model, timed
+from ttlib.errors import ConfigError
 from ttlib.planning.beam import PlannerConfig
 
 
@@ -34,17 +35,17 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
     from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     k = episodes if sequential_episodes is None else sequential_episodes
     if not 1 <= k <= episodes:
-        raise ValueError(f"sequential_episodes must be between 1 and episodes ({episodes}), got {k}")
+        raise ConfigError(f"sequential_episodes must be between 1 and episodes ({episodes}), got {k}")
     if preset is None:
         model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device=device)
         env_id, env_kwargs = payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]
         planner = planner or PlannerConfig(beam_width=8, horizon=3, sample_expand=2, context=3)
     else:
         if env_id is None:
-            raise ValueError("a preset's random model needs an environment of its shape: pass env_id")
+            raise ConfigError("a preset's random model needs an environment of its shape: pass env_id")
         model, tokenizer = random_model(preset, device)
         env_kwargs, planner = None, planner or planner_for(preset_of(preset))
     seeds = list(range(1000, 1000 + episodes))

@@ -25,6 +25,7 @@ import sys
 from ttlib.cli.evaluate import add_evaluate
 from ttlib.cli.train import add_train, add_train_critic, where_to_resume
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import TTLibError
 from ttlib.grading import cli as grading_cli
 
 
@@ -197,9 +198,6 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
-    from ttlib.evaluation.ray_cluster import DistributedError
-    from ttlib.training.checkpoints import CheckpointError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's
         args = build_parser().parse_args(["lab"])
@@ -212,7 +210,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ttdata.DatasetError, CheckpointError, ValueError, DistributedError) as e:
+    except (TTLibError, ValueError) as e:  # (ValueError: the options' own checks, until they raise a TTLibError)
         print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
