@@ -52,10 +52,7 @@ def _cmd_datasets(args):
 def _cmd_lab(args):
     from ttlib.course import lab
 
-    try:
-        code = lab.main(args.jupyter_options)
-    except FileNotFoundError as error:
-        raise ValueError(str(error)) from None
+    code = lab.main(args.jupyter_options)
     if code:
         raise SystemExit(code)
 
@@ -198,6 +195,8 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
+    """Run one command. A TTLibError (a mistake in what the user gave) prints as one line and exits with 2; any
+    other exception is a bug and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's
         args = build_parser().parse_args(["lab"])
@@ -210,7 +209,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (TTLibError, ValueError) as e:  # (ValueError: the options' own checks, until they raise a TTLibError)
+    except TTLibError as e:
         print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
