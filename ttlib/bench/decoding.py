@@ -127,7 +127,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _name(preset: str | Preset):
+def preset_name(preset: str | Preset):
     """How a result names its preset: the name, or every size of a Preset given as it is."""
     return preset if isinstance(preset, str) else asdict(preset)
 
@@ -176,7 +176,7 @@ def bench_decoding(preset: str | Preset = "halfcheetah", length: int | None = No
 
     t_cached = timed(cached, repeats)
     t_recompute = timed(recompute, repeats)
-    return {"benchmark": "decoding", "preset": _name(preset), "length": length, "batch": batch,
+    return {"benchmark": "decoding", "preset": preset_name(preset), "length": length, "batch": batch,
             "tokens_per_s_cached": batch * length / t_cached, "tokens_per_s_recompute": batch * length / t_recompute,
             "speedup": t_recompute / t_cached, **environment(device)}
 
@@ -244,7 +244,7 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
         else float("nan")
     plan = run(default)  # the decoders on the same tokens (the default's plan): their largest logit difference
     recomputed = logits_along(model, prefix[:4], plan.bins[:4], False)
-    out.update({"benchmark": "planning", "preset": _name(preset), "batch": batch, "beam_width": p.beam_width,
+    out.update({"benchmark": "planning", "preset": preset_name(preset), "batch": batch, "beam_width": p.beam_width,
                 "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
                 "seq_len": model.config.block_size + 1, "dtype": dtype,
                 "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim, p.horizon),
@@ -360,7 +360,7 @@ def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, devic
         kind = next((k for k, ops in kinds.items() if e.key in ops), "everything else (small ops, views, Python)")
         shares[kind] += e.self_cpu_time_total / total
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    return {"benchmark": "planning-profile", "preset": _name(preset), "batch": batch, "aten_ops_per_plan": ops,
+    return {"benchmark": "planning-profile", "preset": preset_name(preset), "batch": batch, "aten_ops_per_plan": ops,
             "op_time_ms": total / 1000, "plan_ms_unprofiled": 1000 * plan_s,  # (the profiler's own cost shows)
             "time_shares": {k: round(v, 3) for k, v in shares.items()},
             **environment(device)}

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from ttlib.bench.decoding import Preset, _name, environment, planner_for, preset_of, random_model, timed
+from ttlib.bench.decoding import Preset, environment, planner_for, preset_name, preset_of, random_model, timed
 from ttlib.errors import ConfigError
 from ttlib.planning.beam import PlannerConfig
 
@@ -59,7 +59,7 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
     vec, seq = [run(seeds, True) for _ in range(repeats)], [run(seeds[:k], False) for _ in range(repeats)]
     vec_s, seq_s = float(np.median([r.seconds for r in vec])), float(np.median([r.seconds for r in seq]))
     same = all(np.array_equal(v.returns[:k], s.returns) for v in vec for s in seq)
-    return {"benchmark": "rollouts", "env_id": env_id, "preset": None if preset is None else _name(preset),
+    return {"benchmark": "rollouts", "env_id": env_id, "preset": None if preset is None else preset_name(preset),
             "episodes": episodes, "steps": vec[0].steps, "max_steps": max_steps, "repeats": repeats,
             "vectorized_s": vec_s, "sequential_episodes": k, "sequential_steps": seq[0].steps,
             "sequential_s": seq_s, "speedup": (seq_s / k) / (vec_s / episodes), "same_returns": same,
@@ -84,7 +84,7 @@ def bench_training(preset: str | Preset = "lunarlander", batch_size: int = 64, s
         optimizer.step()
 
     seconds = timed(step, steps, warmup=3)
-    return {"benchmark": "training", "preset": _name(preset), "batch_size": batch_size, "seq_len": T,
+    return {"benchmark": "training", "preset": preset_name(preset), "batch_size": batch_size, "seq_len": T,
             "tokens_per_s": batch_size * T / seconds, "ms_per_step": 1000 * seconds, **environment(device)}
 
 

@@ -83,7 +83,7 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     return env_id, env_kwargs
 
 
-def _planner_from(args, critic, payload: dict | None = None):
+def planner_from(args, critic, payload: dict | None = None):
     """The planner the options ask for: `critic_planner()` when scoring with the checkpoint's critic (--value
     critic, the default when it has one), `imitation_planner()` for --value likelihood (the default for a model
     trained on the best episodes only, --top-percent), else `course_planner()`; options given override single
@@ -144,7 +144,7 @@ def _cmd_evaluate(args):
     path = args.checkpoint or default_checkpoint()
     model, tokenizer, payload = load_checkpoint(path, device=args.device, which=args.which)
     critic = load_critic(path, device=args.device, payload=payload)
-    planner = _planner_from(args, critic, payload)
+    planner = planner_from(args, critic, payload)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))

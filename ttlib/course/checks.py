@@ -39,7 +39,7 @@ def _is_tensor(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _to_numpy(x, name: str) -> np.ndarray:
+def to_numpy(x, name: str) -> np.ndarray:
     """numpy view of an answer; None and other non-arrays get a message instead of a numpy error."""
     __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
     if x is None:
@@ -94,7 +94,7 @@ def _shape_message(name: str, got: tuple, expected: tuple) -> str:
 def _pair(got, expected, name: str):
     """(got, expected) as numpy arrays of the same shape, or an AssertionError that says why not."""
     __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
-    g, e = _to_numpy(got, name), _to_numpy(expected, f"the expected {name}")
+    g, e = to_numpy(got, name), to_numpy(expected, f"the expected {name}")
     if g.shape != e.shape:
         raise AssertionError(_shape_message(name, g.shape, e.shape))
     return g, e
@@ -183,7 +183,7 @@ def check_equal_arrays(got, expected, name: str = "result") -> None:
 def check_shape(got, shape, name: str = "result") -> None:
     """Assert got.shape matches `shape`; an entry None in `shape` matches any size on that axis."""
     __tracebackhide__ = True  # tracebacks (IPython, pytest) skip this frame: your mistake shows first
-    actual = tuple(got.shape) if hasattr(got, "shape") else _to_numpy(got, name).shape
+    actual = tuple(got.shape) if hasattr(got, "shape") else to_numpy(got, name).shape
     shape = tuple(shape)
     if len(actual) != len(shape):
         raise AssertionError(_shape_message(name, actual, shape))
@@ -212,7 +212,7 @@ def _describe(value) -> str:
         kind = "tensor" if _is_tensor(value) else "array"
         text = f"{kind} {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
         if (value.size if isinstance(value, np.ndarray) else value.numel()) <= 8:
-            text += " [" + ", ".join(_fmt(x) for x in _to_numpy(value, "input").ravel()) + "]"
+            text += " [" + ", ".join(_fmt(x) for x in to_numpy(value, "input").ravel()) + "]"
         return text
     if isinstance(value, (list, tuple)) and len(value) > 8:
         return f"{type(value).__name__} of {len(value)} items"

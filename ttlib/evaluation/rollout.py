@@ -198,7 +198,7 @@ def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, 
     check_critic(planner, critic)
 
     def play(group, first, bar):
-        return _run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and vectorized,
+        return run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and vectorized,
                          max_steps, record and first, bar, critic)
 
     return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
@@ -303,8 +303,8 @@ class EpisodeBatch:
         self.envs.close()
 
 
-def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar,
-              critic=None):
+def run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar,
+             critic=None):
     """Episodes for `seeds`, all stepped together in one vector environment."""
     batch = EpisodeBatch(env_id, seeds, tokenizer, planner.context, env_kwargs, max_steps, asynchronous, record)
     try:

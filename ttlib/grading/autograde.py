@@ -192,7 +192,7 @@ def book(config, assignment: str, graded: Graded, digest: str, steps: list) -> l
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
 
-    from ttlib.grading.worker import _captured
+    from ttlib.grading.worker import captured_log
 
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id, coursedir.student_id = assignment, graded.student
@@ -200,7 +200,7 @@ def book(config, assignment: str, graded: Graded, digest: str, steps: list) -> l
     app.force = True
     app.sanitize_preprocessors = [Replay(graded.notebooks, digest)]
     app.autograde_preprocessors = steps
-    with _captured(app.log) as lines:
+    with captured_log(app.log) as lines:
         try:
             app.start()
         except Exception as e:

@@ -297,7 +297,7 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     was_training = model.training
     model.eval()
     try:
-        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace,
+        return search_beams(model, tokenizer, prefix, keys, config, buffers, trace,
                           critic if config.value == "critic" else None, observation)
     finally:
         model.train(was_training)
@@ -356,7 +356,8 @@ def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, ac
 
 
 @torch.inference_mode()
-def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+    """The search itself, without autograd (see beam_plan, which calls it with the model in evaluation mode)."""
     config.validate()
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
