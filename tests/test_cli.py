@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.bench.flops import plan_flops
 from ttlib.data import trajectories as ttdata
 from ttlib.errors import TTLibError
 from ttlib.planning.beam import PlannerConfig

@@ -93,7 +93,8 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
                       progress: bool = False) -> dict:
     """The same episodes in one process and on K Ray workers, local and central inference: episodes/s, whether
     the returns are identical, and what one call to an actor costs next to an in-process call."""
-    from ttlib.evaluation.ray_evaluation import LocalWorker, RayEvaluator, connect
+    from ttlib.evaluation.ray_cluster import connect
+    from ttlib.evaluation.ray_evaluation import LocalWorker, RayEvaluator
     from ttlib.evaluation.rollout import EpisodeBatch, evaluate
     from ttlib.planning.beam import course_planner
     from ttlib.training.checkpoints import default_checkpoint, load_checkpoint

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from ttlib.agents.critic import Critic, critic_from_payload, critic_payload
 from ttlib.errors import ConfigError
-from ttlib.evaluation.ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 08)
+from ttlib.evaluation.ray_cluster import DistributedError, cluster_cpus, connect
 from ttlib.evaluation.rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer

@@ -24,9 +24,9 @@ from ttlib.planning import beam as planning
 @functools.cache
 def course():
     """(tokenizer, env_id, env_kwargs) of the shipped checkpoint: the notebook's `tok` and environment."""
-    from ttlib.training import train
+    from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
-    _, tok, payload = train.load_checkpoint(train.default_checkpoint())
+    _, tok, payload = load_checkpoint(default_checkpoint())
     return tok, payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]
 
 

@@ -18,21 +18,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ttlib.agents.critic import load_critic  # noqa: F401 (the notebooks call it from train)
 from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
-from ttlib.data.trajectories import split_episodes, subset  # (notebook 03 calls them from train too)
+from ttlib.data.trajectories import split_episodes, subset
 from ttlib.errors import ConfigError, TTLibError
 from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.best_model import BestModel, overfitting
-from ttlib.training.checkpoints import (  # noqa: F401 (default_checkpoint, load_checkpoint: the notebooks call them from train)
+from ttlib.training.checkpoints import (
     check_resume,
     checkpoint_weights,
     dataset_summary,
-    default_checkpoint,
-    load_checkpoint,
     load_weights,
     pick_device,
     read_checkpoint,
