@@ -250,12 +250,12 @@ def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
 def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     """`ttlib evaluate` on a checkpoint trained with --top-percent plays the imitation planner unless told
     otherwise; a checkpoint with a critic plans with the critic; --value chooses."""
-    from ttlib.cli.evaluate import _planner_from
+    from ttlib.cli.evaluate import planner_from
     from ttlib.cli.main import build_parser
 
     def planner(*flags, top_percent=100.0, critic=None):
         args = build_parser().parse_args(["evaluate", *flags])
-        return _planner_from(args, critic, {"train_config": {"top_percent": top_percent}})
+        return planner_from(args, critic, {"train_config": {"top_percent": top_percent}})
 
     assert planner(top_percent=25.0).value == "likelihood" and planner().value == "token"
     assert planner(top_percent=25.0, critic=object()).value == "critic"

@@ -38,7 +38,7 @@ ANSWERS = [
 ''', REFUSED),
     ("01-sdpa", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
-for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]:
+for name in ["check_close", "check_equal_arrays", "check_shape", "call"]:
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 

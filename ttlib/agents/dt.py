@@ -40,6 +40,7 @@ from torch import nn
 from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
+from ttlib.errors import ConfigError, MismatchError
 from ttlib.evaluation.rollout import (
     EpisodeBatch,
     Episodes,
@@ -162,7 +163,7 @@ class DecisionTransformer(nn.Module):
         """Tokens (B, T, C) through the blocks; with a cache they continue the tokens it holds. -> (B, T, C)."""
         start, T = (cache.length if cache is not None else 0), x.shape[1]
         if start + T > self.config.block_size:
-            raise ValueError(f"{start + T} tokens exceed the context of {self.config.context} triples")
+            raise MismatchError(f"{start + T} tokens exceed the context of {self.config.context} triples")
         allowed = self.allowed[start:start + T, :start + T]  # (T, start+T) causal
         for layer, block in enumerate(self.blocks):
             x = block(x, allowed, cache, layer)
@@ -299,7 +300,7 @@ class DTAgent:
         self.model, self.use_cache = model, use_cache
         self.keep = keep if keep is not None else max(1, c.context // 2)
         if not 1 <= self.keep <= c.context:
-            raise ValueError(f"keep must be in [1, context = {c.context}], got {self.keep}")
+            raise ConfigError(f"keep must be in [1, context = {c.context}], got {self.keep}")
         device = model.ln_f.weight.device
         self.target = torch.as_tensor(target_return, dtype=torch.float32, device=device).expand(n_envs).clone()
         self.t = 0  # steps taken so far
@@ -404,4 +405,4 @@ def default_target(info: dict) -> float:
     """The return to ask for when none is given: the dataset's expert reference score (its best behaviour)."""
     if info.get("ref_max_score") is not None:
         return float(info["ref_max_score"])
-    raise ValueError("this checkpoint's dataset has no reference scores: give a target return")
+    raise ConfigError("this checkpoint's dataset has no reference scores: give a target return")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 
+from ttlib.errors import ConfigError
+
 BASELINES = ("bc", "iql")
 
 
@@ -86,7 +88,7 @@ def cmd_train_policy(args) -> None:
     from ttlib.agents.baselines import save_policy
 
     if args.resume or args.export:
-        raise ValueError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
+        raise ConfigError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
     policy, config, info, history = trained_policy(args.model, args, args.dataset or _default_dataset(),
                                                    args.steps, args.seed or 0)
     save_policy(args.out, policy, config, info, history)
@@ -109,13 +111,13 @@ def check_evaluate_args(args) -> None:
                   "--top-k": args.top_k, "--top-p": args.top_p, "--context": args.context}
         given = [name for name, value in others.items() if value is not None]
         if given:
-            raise ValueError(f"--model {args.model} acts without planning, in one process: leave out "
-                             f"{', '.join(given)}")
+            raise ConfigError(f"--model {args.model} acts without planning, in one process: leave out "
+                              f"{', '.join(given)}")
         if args.checkpoint and any(v is not None for v in (args.dataset, args.top_percent, args.critic, args.beta)):
-            raise ValueError("--dataset, --top-percent, --critic and --beta say how to train a baseline; a "
-                             "--checkpoint holds one trained already")
+            raise ConfigError("--dataset, --top-percent, --critic and --beta say how to train a baseline; a "
+                              "--checkpoint holds one trained already")
     elif any(v is not None for v in (args.top_percent, args.critic, args.dataset, args.beta)):
-        raise ValueError("--top-percent, --critic, --beta and --dataset are for the baselines (--model bc or iql)")
+        raise ConfigError("--top-percent, --critic, --beta and --dataset are for the baselines (--model bc or iql)")
 
 
 def cmd_evaluate_policy(args, env_for) -> None:
@@ -127,7 +129,7 @@ def cmd_evaluate_policy(args, env_for) -> None:
         policy, config, payload = load_policy(args.checkpoint)
         info, trained = payload["dataset"], "checkpoint " + args.checkpoint
         if config.kind != args.model:
-            raise ValueError(f"{args.checkpoint} holds a {config.kind} policy, not {args.model}")
+            raise ConfigError(f"{args.checkpoint} holds a {config.kind} policy, not {args.model}")
     else:
         policy, config, info, history = trained_policy(args.model, args, args.dataset or _default_dataset(),
                                                        seed=args.train_seed, progress=not args.json)

@@ -9,6 +9,7 @@ import json
 
 from ttlib.cli.baselines import add_baseline_options
 from ttlib.cli.train import which_arg
+from ttlib.errors import ConfigError
 
 
 def _weights_words(info: dict) -> str:
@@ -71,8 +72,8 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     env_id = args.env or info.get("env_id")
     env_kwargs = dict(info.get("env_kwargs") or {}) if env_id == info.get("env_id") else {}
     if env_id is None:
-        raise ValueError(f"dataset {info.get('id')} names no environment to evaluate in; pass a gymnasium id "
-                         "with --env ENV_ID")
+        raise ConfigError(f"dataset {info.get('id')} names no environment to evaluate in; pass a gymnasium id "
+                          "with --env ENV_ID")
     env = make_env(env_id, env_kwargs)
     try:
         if info.get("action_low") is not None and isinstance(env.action_space, gym.spaces.Box):
@@ -82,7 +83,7 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     return env_id, env_kwargs
 
 
-def _planner_from(args, critic, payload: dict | None = None):
+def planner_from(args, critic, payload: dict | None = None):
     """The planner the options ask for: `critic_planner()` when scoring with the checkpoint's critic (--value
     critic, the default when it has one), `imitation_planner()` for --value likelihood (the default for a model
     trained on the best episodes only, --top-percent), else `course_planner()`; options given override single
@@ -92,8 +93,8 @@ def _planner_from(args, critic, payload: dict | None = None):
     imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
     value = args.value or ("critic" if critic is not None else "likelihood" if imitates else "token")
     if value == "critic" and critic is None:
-        raise ValueError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
-                         "--checkpoint PATH`, or plan with --value token")
+        raise ConfigError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
+                          "--checkpoint PATH`, or plan with --value token")
     given = {"beam_width": args.beam_width, "horizon": args.horizon, "sample_expand": args.expand,
              "context": args.context, "top_k_action": args.top_k, "top_p_action": args.top_p}
     overrides = {name: value for name, value in given.items() if value is not None}
@@ -107,12 +108,12 @@ def _check_distributed_args(args):
     """--workers/--central/--address: contradictions and a missing Ray or cluster fail before any loading."""
     if args.workers is None:
         if args.central or args.address:
-            raise ValueError("--central and --address need --workers K (the number of Ray workers)")
+            raise ConfigError("--central and --address need --workers K (the number of Ray workers)")
         return
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.sequential or args.video:
-        raise ValueError("--sequential plays in one process and --video records there: leave out --workers")
+        raise ConfigError("--sequential plays in one process and --video records there: leave out --workers")
     from ttlib.evaluation import ray_cluster
 
     ray_cluster.import_ray()
@@ -134,16 +135,16 @@ def _cmd_evaluate(args):
         return cmd_evaluate_policy(args, _env_for)
     if args.model == "dt":
         if args.workers is not None:
-            raise ValueError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
-                             "acts in milliseconds, so evaluate it in one process (leave out --workers)")
+            raise ConfigError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
+                              "acts in milliseconds, so evaluate it in one process (leave out --workers)")
         return _cmd_evaluate_dt(args)
     if args.target_return is not None:
-        raise ValueError("--target-return is for Decision Transformer checkpoints (--model dt)")
+        raise ConfigError("--target-return is for Decision Transformer checkpoints (--model dt)")
     _check_distributed_args(args)
     path = args.checkpoint or default_checkpoint()
     model, tokenizer, payload = load_checkpoint(path, device=args.device, which=args.which)
     critic = load_critic(path, device=args.device, payload=payload)
-    planner = _planner_from(args, critic, payload)
+    planner = planner_from(args, critic, payload)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))

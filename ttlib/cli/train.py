@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ttlib.cli.baselines import add_baseline_options
+from ttlib.errors import ConfigError
 
 
 def _cmd_train(args):
@@ -10,16 +11,16 @@ def _cmd_train(args):
 
     if args.model == "dt":
         if args.workers != 1 or args.ray is not None:
-            raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
-                             "process (leave them out with --model dt)")
+            raise ConfigError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
+                              "process (leave them out with --model dt)")
         return _cmd_train_dt(args)
     if args.model in ("bc", "iql"):
         return _cmd_train_baseline(args)
     if args.critic is not None or args.beta is not None:
-        raise ValueError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
-                         "train-critic`)")
+        raise ConfigError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
+                          "train-critic`)")
     if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
-        raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
+        raise ConfigError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
     overrides = _given_settings(args, TrainConfig)
     config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
     parallel = args.workers != 1 or args.ray is not None
@@ -82,7 +83,7 @@ def _cmd_train_dt(args):
     given = set(_given_settings(args, TrainConfig)) - set(dt.DTTrainConfig().settings())
     if given:
         options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
-        raise ValueError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
+        raise ConfigError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
     overrides = _given_settings(args, dt.DTTrainConfig)
     config = dt.DTTrainConfig.from_settings({**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
     result = dt.train(config, out=args.out, resume=args.resume)
@@ -99,8 +100,8 @@ def _cmd_train_baseline(args):
     given |= {n for n in ("context", "rtg_scale", "max_timestep") if getattr(args, n) is not None}
     if given:
         options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
-        raise ValueError(f"--model {args.model} has no option {options}: its options are --dataset, --steps, "
-                         "--seed, --top-percent and (iql) --critic")
+        raise ConfigError(f"--model {args.model} has no option {options}: its options are --dataset, --steps, "
+                          "--seed, --top-percent and (iql) --critic")
     cmd_train_policy(args)
 
 

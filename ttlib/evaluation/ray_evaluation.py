@@ -38,7 +38,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ttlib.agents.critic import Critic, critic_from_payload, critic_payload
-from ttlib.evaluation.ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 08)
+from ttlib.errors import ConfigError
+from ttlib.evaluation.ray_cluster import DistributedError, cluster_cpus, connect
 from ttlib.evaluation.rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
@@ -214,7 +215,7 @@ class RayEvaluator:
                  num_cpus: int | None = None, temp_dir: str | None = None, planner_cpus: int = 1,
                  device: str = "cpu", critic: Critic | None = None):
         if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise ConfigError(f"workers must be >= 1, got {workers}")
         env = make_env(env_id, env_kwargs)  # a misfit fails here, in this process, before any actor starts
         try:
             check_env(env.observation_space, env.action_space, model)
@@ -431,7 +432,7 @@ class RayEvaluator:
 def _record(p, ret, length, returns, lengths, done, seeds) -> None:
     """Store episode p's result: exactly once."""
     if done[p]:
-        raise DistributedError(f"episode {p} (seed {seeds[p]}) finished twice: a bug in the bookkeeping")
+        raise RuntimeError(f"episode {p} (seed {seeds[p]}) finished twice: a bug in the bookkeeping")
     returns[p], lengths[p], done[p] = ret, length, True
 
 

@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ttlib.course import threads
+from ttlib.errors import ConfigError, MismatchError, UnavailableError
 from ttlib.files import atomic_path
 from ttlib.model.gpt import TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
@@ -68,16 +69,16 @@ class EvalResult:
 def make_env(env_id: str | None, env_kwargs: dict | None = None, render_mode: str | None = None) -> gym.Env:
     """gymnasium.make, with one clear line when there is no environment id or gymnasium does not know it."""
     if env_id is None:
-        raise ValueError("no environment to evaluate in: the dataset names none; pass a gymnasium id "
-                         "(`ttlib evaluate --env ENV_ID`)")
+        raise ConfigError("no environment to evaluate in: the dataset names none; pass a gymnasium id "
+                          "(`ttlib evaluate --env ENV_ID`)")
     try:
         return gym.make(env_id, render_mode=render_mode, **(env_kwargs or {}))
     except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, ModuleNotFoundError) as error:
-        raise ValueError(f"environment {env_id!r} is not registered in gymnasium ({error}); install the package "
-                         "that provides it, or pass another with `ttlib evaluate --env ENV_ID`") from None
+        raise ConfigError(f"environment {env_id!r} is not registered in gymnasium ({error}); install the package "
+                          "that provides it, or pass another with `ttlib evaluate --env ENV_ID`") from None
     except gym.error.DependencyNotInstalled as error:  # e.g. MuJoCo or Box2D missing
-        raise ValueError(f"environment {env_id!r} needs a package that is not installed: "
-                         f"{str(error).splitlines()[0]}") from None
+        raise UnavailableError(f"environment {env_id!r} needs a package that is not installed: "
+                               f"{str(error).splitlines()[0]}") from None
 
 
 class EpisodeSchedule(gym.Wrapper):
@@ -109,11 +110,11 @@ def scheduled_vector_env(env_id: str, schedule, env_kwargs: dict | None = None,
 def check_episodes(seeds, n_envs: int | None, max_steps: int | None) -> None:
     """An evaluation must play something: at least one episode, batches of at least one, at least one step."""
     if len(seeds) < 1:
-        raise ValueError("nothing to evaluate: give at least one episode (--episodes >= 1)")
+        raise ConfigError("nothing to evaluate: give at least one episode (--episodes >= 1)")
     if n_envs is not None and n_envs < 1:
-        raise ValueError(f"n_envs (--n-envs) must be >= 1, got {n_envs}")
+        raise ConfigError(f"n_envs (--n-envs) must be >= 1, got {n_envs}")
     if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps (--max-steps) must be >= 1, got {max_steps}")
+        raise ConfigError(f"max_steps (--max-steps) must be >= 1, got {max_steps}")
 
 
 def check_action_space(space, low, high, who: str) -> None:
@@ -121,9 +122,9 @@ def check_action_space(space, low, high, who: str) -> None:
     actions would be clipped or mean something else there, and the returns would look fine and be wrong."""
     low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
     if low.shape != space.low.shape or not (np.allclose(low, space.low) and np.allclose(high, space.high)):
-        raise ValueError(f"{who} acts in [{_bounds(low)}, {_bounds(high)}] (its dataset's action space) but this "
-                         f"environment's actions span [{_bounds(space.low)}, {_bounds(space.high)}]; evaluate "
-                         "in the dataset's environment, or train on data from this one")
+        raise MismatchError(f"{who} acts in [{_bounds(low)}, {_bounds(high)}] (its dataset's action space) but this "
+                            f"environment's actions span [{_bounds(space.low)}, {_bounds(space.high)}]; evaluate "
+                            "in the dataset's environment, or train on data from this one")
 
 
 def _bounds(x) -> str:
@@ -134,13 +135,13 @@ def _bounds(x) -> str:
 def check_env(space_obs, space_act, model: TrajectoryGPT) -> None:
     """The environment must have a continuous (Box) action space and the model's observation/action sizes."""
     if not isinstance(space_act, gym.spaces.Box):
-        raise ValueError(f"the Trajectory Transformer plans continuous actions; this environment's action space "
-                         f"is {type(space_act).__name__}, not Box")
+        raise MismatchError(f"the Trajectory Transformer plans continuous actions; this environment's action space "
+                            f"is {type(space_act).__name__}, not Box")
     obs_dim, act_dim = int(np.prod(space_obs.shape)), int(np.prod(space_act.shape))
     c = model.config
     if (obs_dim, act_dim) != (c.obs_dim, c.act_dim):
-        raise ValueError(f"the checkpoint is for observations of {c.obs_dim} and actions of {c.act_dim} "
-                         f"dimensions, the environment has {obs_dim} and {act_dim}")
+        raise MismatchError(f"the checkpoint is for observations of {c.obs_dim} and actions of {c.act_dim} "
+                            f"dimensions, the environment has {obs_dim} and {act_dim}")
 
 
 def step_key(seed: int, step: int) -> int:
@@ -197,7 +198,7 @@ def evaluate(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, env_id: str, 
     check_critic(planner, critic)
 
     def play(group, first, bar):
-        return _run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and vectorized,
+        return run_wave(model, tokenizer, env_id, env_kwargs, group, planner, asynchronous and vectorized,
                          max_steps, record and first, bar, critic)
 
     return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
@@ -302,8 +303,8 @@ class EpisodeBatch:
         self.envs.close()
 
 
-def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar,
-              critic=None):
+def run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous, max_steps, record, bar,
+             critic=None):
     """Episodes for `seeds`, all stepped together in one vector environment."""
     batch = EpisodeBatch(env_id, seeds, tokenizer, planner.context, env_kwargs, max_steps, asynchronous, record)
     try:
@@ -342,7 +343,7 @@ def save_video(frames, path: str, fps: int = 30) -> str:
     import imageio.v2 as imageio
 
     if not frames:
-        raise ValueError("no frames to save: evaluate with record=True")
+        raise ConfigError("no frames to save: evaluate with record=True")
     suffix = os.path.splitext(path)[1].lower() or ".gif"
     with atomic_path(path) as tmp:
         if suffix == ".gif":

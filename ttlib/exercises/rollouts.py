@@ -24,9 +24,9 @@ from ttlib.planning import beam as planning
 @functools.cache
 def course():
     """(tokenizer, env_id, env_kwargs) of the shipped checkpoint: the notebook's `tok` and environment."""
-    from ttlib.training import train
+    from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
-    _, tok, payload = train.load_checkpoint(train.default_checkpoint())
+    _, tok, payload = load_checkpoint(default_checkpoint())
     return tok, payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]
 
 
@@ -177,18 +177,18 @@ def plan_trial(rng):
 def run_plan(answer, trial):
     tok = course()[0]
     model, planner, history, observations, seeds, steps = trial
-    calls, search = [], planning._beam_plan
+    calls, search = [], planning.search_beams
 
     def counted(model, tokenizer, prefix, keys, *rest, **kwargs):  # every search beam_plan runs, however called
         calls.append(keys.to(torch.int64).cpu().numpy().copy())
         return search(model, tokenizer, prefix, keys, *rest, **kwargs)
 
-    planning._beam_plan = counted
+    planning.search_beams = counted
     try:
         actions = answer.plan_actions(model, tok, planner, [list(h) for h in history], observations.copy(),
                                       seeds.copy(), steps.copy(), None)
     finally:
-        planning._beam_plan = search
+        planning.search_beams = search
     keys = np.sort(np.concatenate(calls)) if calls else np.zeros(0, dtype=np.int64)
     sizes = [min(len(h), planner.context - 1) for h in history]
     return {"the random keys of every beam_plan call (sorted)": keys,
@@ -226,7 +226,7 @@ batched_planning = Exercise(
     id="07-plan-actions", number=2, what="your plan_actions", names=("plan_actions",), trial=plan_trial,
     run=run_plan, reference={"plan_actions": ttlib_plan_actions}, lends=LENT,
     forbid=(rollout.Contexts.prefix, rollout.Contexts.encode_obs, rollout.EpisodeBatch.observe, rollout.evaluate,
-            rollout._run_wave),
+            rollout.run_wave),
     atol=1e-6, trials=6, hidden_trials=10,
     passed="one planning call per prefix length, and the actions ttlib's rollout takes.",
     mistakes=[
@@ -416,7 +416,7 @@ rollout_loop = Exercise(
     id="07-vector-rollout", number=3, what="your vector_rollout", names=("vector_rollout",), trial=rollout_trial,
     run=run_rollout, reference=_rollout_with(),
     lends={**LENT, "plan_actions": recorded_plan_actions},
-    forbid=(rollout.evaluate, rollout._run_wave, rollout.play_in_waves, rollout.record_step,
+    forbid=(rollout.evaluate, rollout.run_wave, rollout.play_in_waves, rollout.record_step,
             rollout.EpisodeBatch.__init__, rollout.EpisodeBatch.reset, rollout.EpisodeBatch.observe,
             rollout.EpisodeBatch.act),
     atol=1e-6, rtol=1e-9, trials=2, hidden_trials=4,

@@ -122,7 +122,7 @@ def grade_one(shared: Shared, student: str, files: dict[str, bytes], crash: tupl
         app = Autograde(coursedir=coursedir, config=config)
         app.force = True
         error = None
-        with _captured(app.log) as log:
+        with captured_log(app.log) as log:
             try:
                 app.start()
             except Exception as e:  # nbgrader logged what went wrong; its message says where to look
@@ -156,7 +156,7 @@ def _settings(env: dict[str, str]):
 
 
 @contextlib.contextmanager
-def _captured(logger: logging.Logger):
+def captured_log(logger: logging.Logger):
     """The records `logger` (and nbgrader's steps, which log through it) emits meanwhile, as lines."""
     lines: list[str] = []
 
