@@ -78,7 +78,13 @@ class PolicyConfig:
 
 class MLPPolicy(nn.Module):
     """obs -> action: observations standardised with the data's statistics, `layers` ReLU layers, and a tanh
-    scaled to the action space's bounds, so every action it gives is one the environment takes as it is."""
+    scaled to the action space's bounds, so every action it gives is one the environment takes as it is.
+
+    An agent (ttlib.agents.protocol.Agent) without memory: rollout.play plays it, and what it is told of each step
+    it does not need."""
+
+    name = "this policy"
+    clipped = 0  # it reads observations as they are: nothing to clip
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 3, action_low=None,
                  action_high=None):
@@ -105,6 +111,21 @@ class MLPPolicy(nn.Module):
         """Numpy in, numpy out: (E, obs_dim) -> (E, act_dim) float32."""
         obs = torch.as_tensor(np.asarray(observations), dtype=self.obs_mean.dtype, device=self.obs_mean.device)
         return self(obs).float().cpu().numpy()
+
+    def action_range(self) -> tuple[list[float], list[float]]:
+        return (self.action_mid - self.action_half).tolist(), (self.action_mid + self.action_half).tolist()
+
+    def start(self, seeds) -> None:  # the rest of the agent protocol: a policy remembers nothing
+        pass
+
+    def observe(self, rewards, actions) -> None:
+        pass
+
+    def keep_rows(self, rows) -> None:
+        pass
+
+    def decision(self, row: int) -> None:
+        return None
 
 
 # ---- the pieces notebook 00's learner rebuilds ------------------------------------------------------------
@@ -199,34 +220,12 @@ def train_policy(data: ttdata.OfflineDataset, config: PolicyConfig | None = None
 # ---- playing ---------------------------------------------------------------------------------------------
 def evaluate(policy: MLPPolicy, env_id: str, seeds, env_kwargs: dict | None = None, vectorized: bool = True,
              n_envs: int | None = None, max_steps: int | None = None, record: bool = False, progress: bool = True):
-    """Play one episode per seed with the policy; the same EvalResult, episodes and seeds as rollout.evaluate."""
-    from ttlib.evaluation.rollout import EpisodeBatch, Episodes, check_action_space, check_episodes, play_in_waves
+    """Play one episode per seed with the policy (rollout.play); the same EvalResult, episodes and seeds as
+    rollout.evaluate."""
+    from ttlib.evaluation.rollout import play
 
-    seeds = [int(s) for s in seeds]
-    check_episodes(seeds, n_envs, max_steps)
-    low = (policy.action_mid - policy.action_half).tolist()
-    high = (policy.action_mid + policy.action_half).tolist()
-
-    def play(group, first, bar):
-        batch = EpisodeBatch(env_id, group, None, 0, env_kwargs, max_steps, render=record and first)
-        try:
-            space = batch.envs.single_observation_space
-            if int(np.prod(space.shape)) != policy.obs_dim:
-                raise BaselineError(f"the policy is for observations of {policy.obs_dim} dimensions, the "
-                                    f"environment's have {int(np.prod(space.shape))}")
-            check_action_space(batch.envs.single_action_space, low, high, "this policy")
-            batch.reset()
-            frames = []
-            while batch.running.any():
-                if record and first and batch.running[0]:
-                    frames.append(batch.render_first())
-                active = np.flatnonzero(batch.running)
-                bar.update(len(batch.act(policy.act(batch.obs[active]))))
-            return Episodes(list(batch.returns), list(batch.lengths), frames=frames)
-        finally:
-            batch.close()
-
-    return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
+    return play(policy, env_id, seeds, env_kwargs, vectorized, n_envs, max_steps=max_steps, record=record,
+                progress=progress)
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------------
