@@ -251,17 +251,15 @@ def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
 def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     """`ttlib evaluate` on a checkpoint trained with --top-percent plays the imitation planner unless told
     otherwise; a checkpoint with a critic plans with the critic; --value chooses."""
-    from ttlib.cli.evaluate import _planner_from
-    from ttlib.cli.main import build_parser
+    from ttlib.agents.registry import planner_for
 
-    def planner(*flags, top_percent=100.0, critic=None):
-        args = build_parser().parse_args(["evaluate", *flags])
-        return _planner_from(args, critic, {"train_config": {"top_percent": top_percent}})
+    def planner(top_percent=100.0, critic=None, **options):
+        return planner_for(critic, {"train_config": {"top_percent": top_percent}}, **options)
 
     assert planner(top_percent=25.0).value == "likelihood" and planner().value == "token"
     assert planner(top_percent=25.0, critic=object()).value == "critic"
-    assert planner("--value", "token", top_percent=25.0).value == "token"
-    assert planner("--value", "likelihood", "--beam-width", "8").beam_width == 8
+    assert planner(value="token", top_percent=25.0).value == "token"
+    assert planner(value="likelihood", beam_width=8).beam_width == 8
 
 
 def test_the_course_baseline_recorded_beside_an_agent_with_its_caption():

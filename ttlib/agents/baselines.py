@@ -30,7 +30,8 @@ from ttlib.data import validate
 from ttlib.errors import TTLibError
 
 __all__ = ["PolicyConfig", "MLPPolicy", "BaselineError", "best_episodes", "fit_policy", "train_policy",
-           "awr_weights", "evaluate", "save_policy", "load_policy", "course_baseline", "KINDS"]
+           "trained_policy", "critic_for", "awr_weights", "evaluate", "save_policy", "load_policy",
+           "course_baseline", "KINDS"]
 
 KINDS = ("bc", "iql")  # --model names: behaviour cloning (all or the best k% of episodes), IQL's AWR policy
 POLICY_KIND = "policy"  # a checkpoint's kind
@@ -215,6 +216,51 @@ def train_policy(data: ttdata.OfflineDataset, config: PolicyConfig | None = None
                "episodes": chosen.n_episodes, "transitions": len(obs),
                "lowest_return_kept": float(chosen.returns().min())}
     return policy.eval(), history
+
+
+def trained_policy(kind: str, dataset_id: str | None = None, top_percent: float | None = None,
+                   beta: float | None = None, critic: str | None = None, steps: int | None = None, seed: int = 0,
+                   progress: bool = True):
+    """-> (policy, config, the dataset's summary, history): a baseline of `kind` trained now, as `ttlib train
+    --model bc|iql` and `ttlib evaluate --model bc|iql` (without a checkpoint) ask, on `dataset_id` (default: the
+    course dataset). `critic`: a checkpoint holding the critic IQL's policy is extracted from (default: the shipped
+    checkpoint's, for the course dataset)."""
+    from ttlib.training.checkpoints import dataset_summary
+
+    dataset_id = dataset_id or ttdata.DEFAULT_DATASET
+    config = PolicyConfig(kind=kind, seed=seed, top_percent=100.0 if top_percent is None else top_percent)
+    if beta is not None:
+        if kind != "iql":
+            raise BaselineError("--beta weighs IQL's advantages: it is for --model iql")
+        config.beta = beta
+    if steps is not None:
+        config.steps = steps
+    config.validate()
+    extractor = critic_for(critic, dataset_id) if kind == "iql" else None  # before the data: fails fast
+    data = ttdata.load(dataset_id, progress=progress)
+    policy, history = train_policy(data, config, critic=extractor, progress=progress)
+    return policy, config, dataset_summary(data), history
+
+
+def critic_for(path: str | None, dataset_id: str):
+    """The critic IQL's policy is extracted from: the one in `path`, or the shipped checkpoint's if it is of this
+    data."""
+    from ttlib.agents.critic import load_critic
+    from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
+
+    if path is None:
+        path = default_checkpoint()
+        if read_checkpoint(path)["dataset"]["id"] != dataset_id:
+            raise BaselineError(f"--model iql on {dataset_id}: give --critic CKPT, a checkpoint with a critic "
+                                "of that dataset (`ttlib train --dataset ... --out CKPT` then `ttlib train-critic "
+                                "--checkpoint CKPT`); the shipped one's is of the course dataset")
+    payload = read_checkpoint(path, kind=None)
+    if payload["dataset"]["id"] != dataset_id:
+        raise BaselineError(f"the critic in {path} was trained on {payload['dataset']['id']}, not {dataset_id}")
+    critic = load_critic(path, device="cpu", payload=payload)
+    if critic is None:
+        raise BaselineError(f"{path} holds no critic: add one with `ttlib train-critic --checkpoint {path}`")
+    return critic
 
 
 # ---- playing ---------------------------------------------------------------------------------------------

@@ -59,3 +59,4 @@ class Loaded:
     title: str  # how the first line of a report names it: "the best model, step 500", "BC (trained now in 3 s ...)"
     report: dict = field(default_factory=dict)  # what a JSON report says of it beside the returns
     notes: list[str] = field(default_factory=list)  # lines a report prints after its result
+    training_seconds: float | None = None  # how long its training took (None: not recorded)
