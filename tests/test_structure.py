@@ -22,6 +22,11 @@ second). Each failure names every offender with its size, so one run says what r
 7. One error base: every exception class ttlib defines derives from ttlib.errors.TTLibError (which `ttlib` prints as
    one line) and from a built-in error (so `except ValueError` still works). Not counted: warnings, the grader's
    private signals (`_Stop`), and the exercises' AssertionErrors, which are the learner's messages.
+6. One episode loop. Every agent is played by ttlib.evaluation.rollout's loop: no other module of ttlib/ or tools/
+   steps an environment (`env.step(...)`, `envs.step(...)`: a receiver named for an environment) or builds a
+   vector environment (gymnasium.vector, SyncVectorEnv, AsyncVectorEnv), except the few that step environments
+   for another purpose, each named below with it; and none but Ray's environment workers steps rollout's
+   EpisodeBatch itself (`batch.act(...)`) instead of letting it play.
 """
 
 from __future__ import annotations
@@ -370,6 +375,58 @@ def test_every_error_ttlib_defines_derives_from_ttliberror_and_a_builtin():
     wrong = not_ttlib_errors(trees)
     assert not wrong, ("ttlib's errors derive from ttlib.errors.TTLibError and the built-in that fits, e.g. "
                        "`class FooError(TTLibError, ValueError)`:\n" + "\n".join(wrong))
+EPISODE_LOOP = "ttlib.evaluation.rollout"
+OTHER_STEPPERS = {  # modules that step environments, and why that is no second episode loop
+    "ttlib.data.build": "collects the course datasets with scripted pilots, recording every transition",
+    "ttlib.data.examples.pendulum_dataset": "collects an example dataset with a scripted swing-up",
+    "ttlib.exercises.rollouts": "records what the learner's own loop (notebook 07) does to its environments",
+}
+BATCH_STEPPERS = {  # modules that step rollout.EpisodeBatch one step at a time, and why
+    "ttlib.evaluation.ray_evaluation": "central inference: an environment worker steps when the planner actor, "
+                                       "far away, has planned",
+}
+VECTOR_ENVS = ("SyncVectorEnv", "AsyncVectorEnv")
+
+
+def _name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def batch_steps(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, code) of every `x.act(...)` where x's last name holds "batch": an EpisodeBatch stepped by hand."""
+    return sorted({(node.lineno, ast.unparse(node)) for node in ast.walk(tree)
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "act"
+                   and "batch" in _name(node.func.value).lower()})
+
+
+def environment_steps(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, code) of every call that steps an environment (`x.step(...)` where x's last name holds "env") and
+    every use of gymnasium's vector environments."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+            if "env" in _name(node.func.value).lower():
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute) and (node.attr == "vector" or node.attr in VECTOR_ENVS):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gymnasium.vector"):
+            found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.Name) and node.id in VECTOR_ENVS:
+            found.append((node.lineno, node.id))
+    return sorted(set(found))
+
+
+def test_one_episode_loop_steps_the_environments():
+    loops = [f"  {path.relative_to(ROOT)}:{line} {code}" for name, (path, tree) in SOURCE.trees.items()
+             if name != EPISODE_LOOP and name not in OTHER_STEPPERS for line, code in environment_steps(tree)]
+    loops += [f"  {path.relative_to(ROOT)}:{line} {code}" for name, (path, tree) in SOURCE.trees.items()
+              if name != EPISODE_LOOP and name not in BATCH_STEPPERS for line, code in batch_steps(tree)]
+    assert not loops, ("a second episode loop: these step environments outside ttlib/evaluation/rollout.py; play the "
+                       "agent with rollout.play (it follows ttlib.agents.protocol.Agent):\n" + "\n".join(loops))
+    assert environment_steps(SOURCE.trees[EPISODE_LOOP][1]), "the episode loop no longer steps environments?"
+    stale = sorted(set(OTHER_STEPPERS) - {n for n, (_, tree) in SOURCE.trees.items() if environment_steps(tree)})
+    stale += sorted(set(BATCH_STEPPERS) - {n for n, (_, tree) in SOURCE.trees.items() if batch_steps(tree)})
+    assert not stale, f"these no longer step environments: take them off OTHER_STEPPERS: {stale}"
 
 
 # ---- the checks themselves find what they should ------------------------------------------------------------------
@@ -420,3 +477,11 @@ def test_the_boundary_check_sees_imports_attributes_and_shadowing():
                                     ("p.b", "three"), ("p.b", "_four")])
     assert [name for _, name in found if private(name)] == ["_hidden", "_one", "_two", "_four"]
     assert not private("__version__") and private("_x")
+def test_the_episode_loop_check_finds_environments_stepped_elsewhere():
+    loop = ast.parse("import gymnasium as gym\nfrom gymnasium.vector import SyncVectorEnv\n"
+                     "def play(agent):\n    envs = gym.vector.SyncVectorEnv([])\n"
+                     "    obs = self.envs.step(agent.act(obs))\n    env.step(0)\n    vec_env.step(1)\n")
+    assert [line for line, _ in environment_steps(loop)] == [2, 4, 4, 5, 6, 7]
+    assert environment_steps(ast.parse("optimizer.step()\nscheduler.step()\nbatch.step(x)\nagent.step = 1\n")) == []
+    by_hand = ast.parse("while batch.running.any():\n    ended = self.batch.act(policy.act(obs))\n")
+    assert [line for line, _ in batch_steps(by_hand)] == [2] and batch_steps(loop) == []

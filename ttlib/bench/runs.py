@@ -95,7 +95,7 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
     the returns are identical, and what one call to an actor costs next to an in-process call."""
     from ttlib.evaluation.ray_cluster import connect
     from ttlib.evaluation.ray_evaluation import LocalWorker, RayEvaluator
-    from ttlib.evaluation.rollout import EpisodeBatch, evaluate
+    from ttlib.evaluation.rollout import EpisodeBatch, PlannerAgent, evaluate
     from ttlib.planning.beam import course_planner
     from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
@@ -119,8 +119,9 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
                     out[f"{layout}_{k}_episodes_per_s"] = episodes / result.seconds
                     out[f"{layout}_{k}_same_returns"] = bool(np.array_equal(result.returns, one.returns))
                     if not central and k == workers[0]:  # one round trip to an actor, empty and with contexts
-                        batch = EpisodeBatch(info["env_id"], seeds, tokenizer, planner.context, info["env_kwargs"])
-                        _, prefix, keys = batch.reset().observe()
+                        contexts = PlannerAgent(None, tokenizer, planner)  # a central environment worker's
+                        batch = EpisodeBatch(contexts, info["env_id"], seeds, info["env_kwargs"]).reset()
+                        prefix, keys = contexts.request(batch.observations())
                         batch.close()
                         message = {"prefix": prefix.numpy(), "keys": keys.numpy()}  # what a worker sends per step
                         out["ray_call_us"] = 1e6 * evaluator.call_seconds(call_repeats)

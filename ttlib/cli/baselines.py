@@ -12,8 +12,6 @@ so the same command gives the same policy on the same machine.
 
 from __future__ import annotations
 
-import json
-
 from ttlib.errors import ConfigError
 
 BASELINES = ("bc", "iql")
@@ -34,73 +32,18 @@ def add_baseline_options(p, evaluate: bool) -> None:
                        "policy's weights and batches")
 
 
-def _config(kind: str, args, steps=None, seed: int = 0):
-    from ttlib.agents.baselines import BaselineError, PolicyConfig
-
-    config = PolicyConfig(kind=kind, seed=seed, top_percent=100.0 if args.top_percent is None else args.top_percent)
-    if args.beta is not None:
-        if kind != "iql":
-            raise BaselineError("--beta weighs IQL's advantages: it is for --model iql")
-        config.beta = args.beta
-    if steps is not None:
-        config.steps = steps
-    config.validate()
-    return config
-
-
-def _critic_for(args, dataset_id: str):
-    """The critic IQL's policy is extracted from: --critic's, or the shipped checkpoint's if it is of this data."""
-    from ttlib.agents.baselines import BaselineError
-    from ttlib.agents.critic import load_critic
-    from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
-
-    path = args.critic
-    if path is None:
-        path = default_checkpoint()
-        if read_checkpoint(path)["dataset"]["id"] != dataset_id:
-            raise BaselineError(f"--model iql on {dataset_id}: give --critic CKPT, a checkpoint with a critic "
-                                "of that dataset (`ttlib train --dataset ... --out CKPT` then `ttlib train-critic "
-                                "--checkpoint CKPT`); the shipped one's is of the course dataset")
-    payload = read_checkpoint(path, kind=None)
-    if payload["dataset"]["id"] != dataset_id:
-        raise BaselineError(f"the critic in {path} was trained on {payload['dataset']['id']}, not {dataset_id}")
-    critic = load_critic(path, device="cpu", payload=payload)
-    if critic is None:
-        raise BaselineError(f"{path} holds no critic: add one with `ttlib train-critic --checkpoint {path}`")
-    return critic
-
-
-def trained_policy(kind: str, args, dataset_id: str, steps=None, seed: int = 0, progress: bool = True):
-    """-> (policy, config, the dataset's summary, history): a baseline trained as the options say."""
-    from ttlib.agents.baselines import train_policy
-    from ttlib.data import trajectories as ttdata
-    from ttlib.training.checkpoints import dataset_summary
-
-    config = _config(kind, args, steps, seed)
-    critic = _critic_for(args, dataset_id) if kind == "iql" else None  # before the data: a missing one fails fast
-    data = ttdata.load(dataset_id, progress=progress)
-    policy, history = train_policy(data, config, critic=critic, progress=progress)
-    return policy, config, dataset_summary(data), history
-
-
 def cmd_train_policy(args) -> None:
     """`ttlib train --model bc|iql --out CKPT`."""
-    from ttlib.agents.baselines import save_policy
+    from ttlib.agents.baselines import save_policy, trained_policy
 
     if args.resume or args.export:
         raise ConfigError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
-    policy, config, info, history = trained_policy(args.model, args, args.dataset or _default_dataset(),
-                                                   args.steps, args.seed or 0)
+    policy, config, info, history = trained_policy(args.model, args.dataset, args.top_percent,
+                                                   args.beta, args.critic, args.steps, args.seed or 0)
     save_policy(args.out, policy, config, info, history)
     print(f"{config.name}: {history['episodes']} episodes ({history['transitions']} transitions, returns from "
           f"{history['lowest_return_kept']:.1f}), {config.steps} steps in {history['seconds']:.0f} s, last loss "
           f"{history['losses'][-1]:.4f}; checkpoint {args.out}")
-
-
-def _default_dataset() -> str:
-    from ttlib.data.trajectories import DEFAULT_DATASET
-
-    return DEFAULT_DATASET
 
 
 def check_evaluate_args(args) -> None:
@@ -118,36 +61,3 @@ def check_evaluate_args(args) -> None:
                               "--checkpoint holds one trained already")
     elif any(v is not None for v in (args.top_percent, args.critic, args.dataset, args.beta)):
         raise ConfigError("--top-percent, --critic, --beta and --dataset are for the baselines (--model bc or iql)")
-
-
-def cmd_evaluate_policy(args, env_for) -> None:
-    """`ttlib evaluate --model bc|iql`: a checkpoint's policy, or one trained now, played on the seeds in the
-    environment env_for(args, dataset info) names (cli_evaluate's, as for every agent)."""
-    from ttlib.agents.baselines import evaluate, load_policy
-
-    if args.checkpoint:
-        policy, config, payload = load_policy(args.checkpoint)
-        info, trained = payload["dataset"], "checkpoint " + args.checkpoint
-        if config.kind != args.model:
-            raise ConfigError(f"{args.checkpoint} holds a {config.kind} policy, not {args.model}")
-    else:
-        policy, config, info, history = trained_policy(args.model, args, args.dataset or _default_dataset(),
-                                                       seed=args.train_seed, progress=not args.json)
-        trained = f"trained now in {history['seconds']:.0f} s on {history['episodes']} episodes"
-    env_id, env_kwargs = env_for(args, info)
-    seeds = list(range(args.seed, args.seed + args.episodes))
-    result = evaluate(policy, env_id, seeds, env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
-                      max_steps=args.max_steps, record=args.video is not None, progress=not args.json)
-    report = {"model": args.model, "agent": config.name, "dataset": info["id"], **result.return_stats(),
-              "returns": result.returns.tolist(), "steps": result.steps, "seconds": result.seconds,
-              "dataset_mean_return": info["mean_return"],
-              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert")}
-    if args.video:
-        from ttlib.evaluation.rollout import save_video
-
-        report["video"] = save_video(result.frames, args.video)
-    if args.json:
-        print(json.dumps(report))
-        return
-    print(f"{config.name} ({trained}): {result.summary()}")
-    print(f"dataset {info['id']}: mean return {info['mean_return']:.1f}")

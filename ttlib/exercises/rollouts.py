@@ -134,7 +134,7 @@ contexts = Exercise(
     names=("encode_transition", "build_prefix"), trial=contexts_trial, run=run_contexts,
     reference=_contexts_with(prefix=contexts_prefix),
     forbid=(rollout.Contexts.append, rollout.Contexts.prefix, rollout.Contexts.encode_obs,
-            rollout.EpisodeBatch.observe),
+            rollout.PlannerAgent.request),
     trials=12, hidden_trials=20, passed="your transitions and prefixes are the ones ttlib's rollout plans from.",
     mistakes=[
         Mistake("the value token keeps the bin of the value 0.0: it never reaches the model (the value rule), so "
@@ -225,8 +225,8 @@ LENT = {"encode_transition": ttlib_encode_transition, "build_prefix": ttlib_buil
 batched_planning = Exercise(
     id="07-plan-actions", number=2, what="your plan_actions", names=("plan_actions",), trial=plan_trial,
     run=run_plan, reference={"plan_actions": ttlib_plan_actions}, lends=LENT,
-    forbid=(rollout.Contexts.prefix, rollout.Contexts.encode_obs, rollout.EpisodeBatch.observe, rollout.evaluate,
-            rollout.run_wave),
+    forbid=(rollout.Contexts.prefix, rollout.Contexts.encode_obs, rollout.PlannerAgent.request,
+            rollout.PlannerAgent.act, rollout.evaluate, rollout.play),
     atol=1e-6, trials=6, hidden_trials=10,
     passed="one planning call per prefix length, and the actions ttlib's rollout takes.",
     mistakes=[
@@ -416,9 +416,9 @@ rollout_loop = Exercise(
     id="07-vector-rollout", number=3, what="your vector_rollout", names=("vector_rollout",), trial=rollout_trial,
     run=run_rollout, reference=_rollout_with(),
     lends={**LENT, "plan_actions": recorded_plan_actions},
-    forbid=(rollout.evaluate, rollout.run_wave, rollout.play_in_waves, rollout.record_step,
-            rollout.EpisodeBatch.__init__, rollout.EpisodeBatch.reset, rollout.EpisodeBatch.observe,
-            rollout.EpisodeBatch.act),
+    forbid=(rollout.evaluate, rollout.play, rollout.record_step, rollout.EpisodeBatch.__init__,
+            rollout.EpisodeBatch.reset, rollout.EpisodeBatch.observations, rollout.EpisodeBatch.act,
+            rollout.EpisodeBatch.play, rollout.PlannerAgent.act, rollout.PlannerAgent.observe),
     atol=1e-6, rtol=1e-9, trials=2, hidden_trials=4,
     passed="your loop plays ttlib's episodes, autoresets and all.",
     mistakes=[
