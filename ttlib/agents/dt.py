@@ -52,8 +52,8 @@ from ttlib.evaluation.rollout import (
 )
 from ttlib.model.attention import KVCache
 from ttlib.model.gpt import Block, TrajectoryGPT, check_dims
+from ttlib.training.checkpoint_files import CheckpointError
 from ttlib.training.checkpoints import (
-    CheckpointError,
     checkpoint_weights,
     dataset_summary,
     default_checkpoint,

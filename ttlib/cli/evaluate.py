@@ -21,10 +21,10 @@ def _weights_words(info: dict) -> str:
 
 def _cmd_evaluate_dt(args):
     from ttlib.agents import dt
-    from ttlib.training.checkpoints import weights_info
+    from ttlib.training.checkpoints import default_checkpoint, weights_info
 
     if args.checkpoint is None:
-        args.checkpoint = dt.default_checkpoint(dt.COURSE_CHECKPOINT)
+        args.checkpoint = default_checkpoint(dt.COURSE_CHECKPOINT)
     model, payload = dt.load_checkpoint(args.checkpoint, device=args.device, which=args.which)
     info = payload["dataset"]
     env_id, env_kwargs = _env_for(args, info)

@@ -184,7 +184,8 @@ def where_to_resume(args) -> str:
     """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
     if args.command != "train":
         return ""
-    from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+    from ttlib.training.checkpoint_files import CheckpointError
+    from ttlib.training.checkpoints import read_checkpoint
 
     try:
         step = read_checkpoint(args.out, kind=None)["step"]
