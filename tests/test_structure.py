@@ -420,3 +420,14 @@ def test_the_boundary_check_sees_imports_attributes_and_shadowing():
                                     ("p.b", "three"), ("p.b", "_four")])
     assert [name for _, name in found if private(name)] == ["_hidden", "_one", "_two", "_four"]
     assert not private("__version__") and private("_x")
+
+
+def test_public_api_writes_the_public_names_and_keeps_a_faces():
+    from tools import public_api
+
+    source = ('"""Doc."""\n\nfrom p.q import shown, hidden\n\n__all__ = ["shown", "gone"]\n\nLIMIT = 3\n\n\n'
+              'def run():\n    pass\n\n\ndef _helper():\n    pass\n')
+    written = public_api.rewritten(source)
+    assert '__all__ = ["LIMIT", "run", "shown"]\n' in written and public_api.rewritten(written) == written
+    fresh = public_api.rewritten('"""Doc."""\n\nimport os\n\n\ndef f():\n    pass\n')
+    assert fresh == '"""Doc."""\n\nimport os\n\n__all__ = ["f"]\n\n\ndef f():\n    pass\n'
