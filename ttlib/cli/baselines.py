@@ -16,6 +16,9 @@ import json
 
 from ttlib.errors import ConfigError
 
+__all__ = ["BASELINES", "add_baseline_options", "check_evaluate_args", "cmd_evaluate_policy", "cmd_train_policy",
+           "trained_policy"]
+
 BASELINES = ("bc", "iql")
 
 

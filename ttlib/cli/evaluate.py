@@ -11,6 +11,8 @@ from ttlib.cli.baselines import add_baseline_options
 from ttlib.cli.train import which_arg
 from ttlib.errors import ConfigError
 
+__all__ = ["add_evaluate", "planner_from"]
+
 
 def _weights_words(info: dict) -> str:
     """"the best model, step 500" -- which of a checkpoint's models was loaded

@@ -5,6 +5,8 @@ from __future__ import annotations
 from ttlib.cli.baselines import add_baseline_options
 from ttlib.errors import ConfigError
 
+__all__ = ["add_train", "add_train_critic", "where_to_resume", "which_arg"]
+
 
 def _cmd_train(args):
     from ttlib.training.train import TrainConfig, train

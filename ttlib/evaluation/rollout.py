@@ -30,6 +30,10 @@ from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.beam import Plan, PlannerConfig, beam_plan, check_critic, check_fits
 from ttlib.planning.fast_decoder import BufferPool
 
+__all__ = ["Contexts", "EpisodeBatch", "EpisodeSchedule", "Episodes", "EvalResult", "check_action_space", "check_env",
+           "check_episodes", "evaluate", "make_env", "play_in_waves", "record_step", "run_wave", "save_video",
+           "scheduled_vector_env", "step_key"]
+
 
 @dataclass
 class EvalResult:

@@ -28,6 +28,8 @@ from ttlib.training.checkpoints import read_checkpoint
 from ttlib.training.data_parallel import Run, failure_message, file_identity, worker_main
 from ttlib.training.train import TrainingError
 
+__all__ = ["Agent", "READY_SECONDS", "launch_on_ray", "on_cluster"]
+
 READY_SECONDS = 120  # how long the cluster may take to find room for every worker
 
 
