@@ -14,6 +14,7 @@ from ttlib.agents.baselines import BaselineError, MLPPolicy, PolicyConfig, best_
 from ttlib.data import trajectories as ttdata
 from ttlib.evaluation import rollout
 from ttlib.training import checkpoints, train
+from ttlib.training.checkpoint_files import CheckpointError
 
 
 # ---- which episodes %BC keeps ---------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_a_saved_policy_acts_the_same_and_other_checkpoints_are_refused(tmp_path
     probe = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     assert np.array_equal(loaded.act(probe), policy.act(probe)) and loaded_config == config
     assert payload["dataset"]["id"] == "test/linear-v0" and [p.name for p in tmp_path.iterdir()] == ["pbc.pt"]
-    with pytest.raises(checkpoints.CheckpointError, match="holds a 'trajectory-gpt' model, not a 'policy' one"):
+    with pytest.raises(CheckpointError, match="holds a 'trajectory-gpt' model, not a 'policy' one"):
         baselines.load_policy(checkpoints.default_checkpoint())
 
 

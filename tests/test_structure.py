@@ -18,7 +18,11 @@ second). Each failure names every offender with its size, so one run says what r
 4. CI runs the README's test command, verbatim.
 5. Rooms, not a heap: ttlib's top level keeps at most 6 modules (its faces); everything else lives in a subpackage
    named for what it holds, and docs/ARCHITECTURE.md's picture of which room imports which is the source's.
-6. Boundaries: no module uses another's private name (`from ttlib.x import _helper`, `x._helper`).
+6. Boundaries: every module of ttlib says what it offers in `__all__` -- exactly the public names it defines, and
+   for a face (data.trajectories, planning.beam, grading.sandbox) the names it presents from the modules behind it
+   (`python -m tools.public_api` writes them) -- and no module of ttlib or tools takes from another a name outside
+   that one's `__all__`: neither a private name (`from ttlib.x import _helper`, `x._helper`) nor a name the other
+   only imported itself (a re-export kept for convenience).
 7. One error base: every exception class ttlib defines derives from ttlib.errors.TTLibError (which `ttlib` prints as
    one line) and from a built-in error (so `except ValueError` still works). Not counted: warnings, the grader's
    private signals (`_Stop`), and the exercises' AssertionErrors, which are the learner's messages.
@@ -369,6 +373,39 @@ def test_no_private_name_crosses_modules():
                           "move what uses it next to it:\n" + "\n".join(crossing))
 
 
+def test_every_module_of_ttlib_lists_its_public_api_in_all():
+    from tools import public_api
+
+    wrong = []
+    for name, (_, tree) in sorted(SOURCE.trees.items()):
+        if not name.startswith("ttlib"):
+            continue
+        node, names = public_api.declared(tree)
+        defined, imported = public_api.bound_names(tree)
+        if node is None:
+            wrong.append(f"  {name}: no __all__")
+            continue
+        unknown = sorted(set(names) - set(defined) - imported)
+        if unknown:
+            wrong.append(f"  {name}: __all__ names what it does not have: {unknown}")
+        if sorted(names) != public_api.public_api(tree):
+            missing = sorted(set(public_api.public_api(tree)) - set(names))
+            wrong.append(f"  {name}: __all__ is not its public names" + (f" (it lacks {missing})" if missing else ""))
+    assert not wrong, ("every module's __all__ is the public names it defines, plus what a face presents "
+                       "(python -m tools.public_api writes them):\n" + "\n".join(wrong))
+
+
+def test_no_module_takes_a_name_outside_the_others_all():
+    from tools import public_api
+
+    offered = {name: set(public_api.declared(tree)[1] or []) for name, (_, tree) in SOURCE.trees.items()}
+    wrong = sorted({f"  {b.source} (line {b.line}) takes {b.name} from {b.target}, which does not offer it"
+                    for b in SOURCE.borrowed() if b.target.startswith("ttlib") and not b.name.startswith("__")
+                    and b.name not in offered[b.target]})
+    assert not wrong, ("take a name from the module that defines it (or a face that lists it in __all__); a name "
+                       "another module uses is public and in its module's __all__:\n" + "\n".join(wrong))
+
+
 def test_every_error_ttlib_defines_derives_from_ttliberror_and_a_builtin():
     trees = {name: tree for name, (_, tree) in SOURCE.trees.items() if name.startswith("ttlib")}
     assert "ttlib.training.checkpoint_files.CheckpointError" in error_classes(trees)  # the scan sees them
@@ -485,3 +522,14 @@ def test_the_episode_loop_check_finds_environments_stepped_elsewhere():
     assert environment_steps(ast.parse("optimizer.step()\nscheduler.step()\nbatch.step(x)\nagent.step = 1\n")) == []
     by_hand = ast.parse("while batch.running.any():\n    ended = self.batch.act(policy.act(obs))\n")
     assert [line for line, _ in batch_steps(by_hand)] == [2] and batch_steps(loop) == []
+
+
+def test_public_api_writes_the_public_names_and_keeps_a_faces():
+    from tools import public_api
+
+    source = ('"""Doc."""\n\nfrom p.q import shown, hidden\n\n__all__ = ["shown", "gone"]\n\nLIMIT = 3\n\n\n'
+              'def run():\n    pass\n\n\ndef _helper():\n    pass\n')
+    written = public_api.rewritten(source)
+    assert '__all__ = ["LIMIT", "run", "shown"]\n' in written and public_api.rewritten(written) == written
+    fresh = public_api.rewritten('"""Doc."""\n\nimport os\n\n\ndef f():\n    pass\n')
+    assert fresh == '"""Doc."""\n\nimport os\n\n__all__ = ["f"]\n\n\ndef f():\n    pass\n'

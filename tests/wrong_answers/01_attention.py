@@ -1,6 +1,6 @@
 """Wrong answers to notebook 01's exercises (see tests/test_exercises.py for the format)."""
 
-REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.course.checks.forbidding)
+REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exercises.refuse)
 HEADS = '''def split_heads(x, n_head):
     B, T, C = x.shape
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)

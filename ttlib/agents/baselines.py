@@ -29,9 +29,9 @@ from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
 from ttlib.errors import TTLibError
 
-__all__ = ["PolicyConfig", "MLPPolicy", "BaselineError", "best_episodes", "fit_policy", "train_policy",
-           "trained_policy", "critic_for", "awr_weights", "evaluate", "save_policy", "load_policy",
-           "course_baseline", "KINDS"]
+__all__ = ["BaselineError", "COURSE_BASELINE", "KINDS", "MLPPolicy", "POLICY_KIND", "PolicyConfig", "awr_weights",
+           "best_episodes", "course_baseline", "critic_for", "evaluate", "fit_policy", "load_policy", "save_policy",
+           "train_policy", "trained_policy"]
 
 KINDS = ("bc", "iql")  # --model names: behaviour cloning (all or the best k% of episodes), IQL's AWR policy
 POLICY_KIND = "policy"  # a checkpoint's kind

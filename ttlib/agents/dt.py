@@ -43,8 +43,8 @@ from ttlib.errors import ConfigError, MismatchError
 from ttlib.evaluation.rollout import EvalResult, play
 from ttlib.model.attention import KVCache
 from ttlib.model.gpt import Block, TrajectoryGPT, check_dims
+from ttlib.training.checkpoint_files import CheckpointError
 from ttlib.training.checkpoints import (
-    CheckpointError,
     checkpoint_weights,
     dataset_summary,
     default_checkpoint,
@@ -54,6 +54,9 @@ from ttlib.training.checkpoints import (
     read_checkpoint,
 )
 from ttlib.training.train import RunConfig, fit, keep_best, load_and_split, start_training
+
+__all__ = ["COURSE_CHECKPOINT", "DTAgent", "DTConfig", "DTTrainConfig", "DTTrainResult", "DecisionTransformer", "KIND",
+           "Windows", "default_target", "evaluate", "interleave", "load_checkpoint", "returns_to_go", "train"]
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
 COURSE_CHECKPOINT = "dt_lunarlander.safetensors"  # the shipped Decision Transformer for the course dataset

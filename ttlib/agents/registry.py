@@ -26,7 +26,8 @@ from ttlib.evaluation.rollout import PlannerAgent
 from ttlib.planning.beam import PlannerConfig, course_planner, critic_planner, imitation_planner
 from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint, weights_info
 
-__all__ = ["AGENTS", "Entry", "load", "options_of", "name_of", "planner_for"]
+__all__ = ["AGENTS", "Entry", "load", "load_baseline", "load_dt", "load_tt", "name_of", "options_of", "planner_for",
+           "training_seconds", "weights_words"]
 
 
 def weights_words(info: dict) -> str:

@@ -39,7 +39,9 @@ from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.beam import AUTO_ON_CPU, PlannerConfig, beam_plan, logits_along, tokens_fed
 from ttlib.planning.fast_decoder import BufferPool
 
-__all__ = ["plan_flops"]  # (re-exported from flops.py, where the FLOPs are counted)
+__all__ = ["DECODERS", "PRESETS", "Preset", "bench_decoding", "bench_planning", "cpu_model", "decoders_for",
+           "environment", "faster_tt_planner", "matmul_rate", "plan_flops", "planner_for", "preset_name", "preset_of",
+           "profile_planning", "random_model", "seconds", "spread", "timed"]
 
 
 @dataclass

@@ -19,6 +19,8 @@ from ttlib.bench.decoding import Preset, environment, planner_for, preset_name, 
 from ttlib.errors import ConfigError
 from ttlib.planning.beam import PlannerConfig
 
+__all__ = ["bench_distributed", "bench_rollouts", "bench_training"]
+
 
 def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | None = None,
                    planner: PlannerConfig | None = None, repeats: int = 3, preset: str | Preset | None = None,

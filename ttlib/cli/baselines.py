@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from ttlib.errors import ConfigError
 
+__all__ = ["BASELINES", "add_baseline_options", "check_evaluate_args", "cmd_train_policy"]
+
 BASELINES = ("bc", "iql")
 
 

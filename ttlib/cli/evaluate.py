@@ -10,6 +10,8 @@ from ttlib.cli.baselines import add_baseline_options
 from ttlib.cli.train import which_arg
 from ttlib.errors import ConfigError
 
+__all__ = ["add_evaluate"]
+
 
 def _env_for(args, info: dict) -> tuple[str, dict]:
     """The environment to evaluate in: the one the dataset names (its kwargs and time limit included), or --env.

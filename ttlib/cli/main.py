@@ -28,6 +28,8 @@ from ttlib.data import trajectories as ttdata
 from ttlib.errors import TTLibError
 from ttlib.grading import cli as grading_cli
 
+__all__ = ["build_parser", "main"]
+
 
 def _cmd_make_dataset(args):
     path = ttdata.build(args.dataset, seed=args.seed, n_episodes=args.episodes, force=args.force)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from ttlib.cli.baselines import add_baseline_options
 from ttlib.errors import ConfigError
 
+__all__ = ["add_train", "add_train_critic", "where_to_resume", "which_arg"]
+
 
 def _cmd_train(args):
     from ttlib.training.train import TrainConfig, train
@@ -184,7 +186,8 @@ def where_to_resume(args) -> str:
     """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
     if args.command != "train":
         return ""
-    from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+    from ttlib.training.checkpoint_files import CheckpointError
+    from ttlib.training.checkpoints import read_checkpoint
 
     try:
         step = read_checkpoint(args.out, kind=None)["step"]

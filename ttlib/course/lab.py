@@ -16,6 +16,8 @@ from pathlib import Path
 
 from ttlib.errors import UnavailableError
 
+__all__ = ["LEARNER_CONFIG", "course_notebooks", "learner_env", "main"]
+
 LEARNER_CONFIG = Path(__file__).resolve().parent / "learner_jupyter"
 
 

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-__all__ = ["fit", "keep_fitting", "free_cores", "timed"]
+__all__ = ["fit", "free_cores", "keep_fitting", "timed"]
 
 _CHECK_EVERY_S = 5.0  # keep_fitting() measures again after this long
 _state = {"checked": 0.0, "default": None, "fixed": None, "me": None}

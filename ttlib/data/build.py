@@ -37,6 +37,9 @@ from ttlib.data.minari_io import (
     read_metadata,
 )
 
+__all__ = ["Policy", "REFERENCE_SEED", "build", "buildable", "lander_policy", "recipe_for"]
+
+
 # --------------------------------------------------------------------------------------------------
 # behaviour policies for our own datasets
 #

@@ -47,6 +47,10 @@ from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.beam import PlannerConfig, beam_plan
 from ttlib.planning.fast_decoder import BufferPool
 
+__all__ = ["DiesAt", "DistributedResult", "EnvWorker", "LocalWorker", "MAX_ATTEMPTS", "MAX_RESTARTS", "ModelActor",
+           "Planner", "RayEvaluator", "evaluate_distributed", "fetch", "merge_observations", "pack", "slices",
+           "split_actions", "unpack", "unpack_critic"]
+
 MAX_RESTARTS = 3  # times Ray restarts a dead actor
 MAX_ATTEMPTS = 3  # times an episode is started before the evaluation gives up on it
 

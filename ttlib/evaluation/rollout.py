@@ -36,6 +36,10 @@ from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.beam import Plan, PlannerConfig, beam_plan, check_critic, check_fits
 from ttlib.planning.fast_decoder import BufferPool
 
+__all__ = ["Contexts", "EpisodeBatch", "EpisodeSchedule", "Episodes", "EvalResult", "PlannerAgent",
+           "check_action_space", "check_episodes", "check_spaces", "evaluate", "make_env", "play", "record_step",
+           "save_video", "scheduled_vector_env", "step_key"]
+
 
 @dataclass
 class EvalResult:

@@ -34,7 +34,8 @@ import numpy as np
 from ttlib.course.checks import check_close, check_equal_arrays, to_numpy
 from ttlib.exercises.refuse import Refused, guard
 
-__all__ = ["Exercise", "Mistake", "ExerciseFailed", "Pieces", "find", "all_exercises", "GRADING_ENV"]
+__all__ = ["Exercise", "ExerciseFailed", "GRADING_ENV", "MODULES", "Mistake", "Pieces", "Trial", "all_exercises",
+           "compare", "decode", "encode", "find", "hidden_seeds"]
 
 GRADING_ENV = "TTLIB_GRADING"  # set in a kernel that nbgrader grades: the hidden tests run outside it
 MODULES = ("values", "attention", "tokenizer", "gpt", "kv_cache", "beam_search", "critic", "rollouts", "ray", "dt")

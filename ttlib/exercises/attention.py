@@ -15,6 +15,11 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model import attention as ttlib_attention
 from ttlib.model import gpt as ttlib_model
 
+__all__ = ["ATTENTION_OPS", "EXERCISES", "TORCH_ATTENTION", "heads_trial", "lent_sdpa", "mask", "mask_trial",
+           "merge_heads", "merge_unmoved", "multi_head", "run_heads", "run_mask", "run_sdpa", "sdpa", "sdpa_trial",
+           "split_heads", "split_plain_view", "torch_sdpa", "ttlib_multi_head_attention"]
+
+
 # PyTorch's attention under every name it has: the function, the module, and the ATen operators behind them
 ATTENTION_OPS = tuple(getattr(torch.ops.aten, name) for name in (
     "scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",

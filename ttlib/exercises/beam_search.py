@@ -15,6 +15,10 @@ from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning import beam as planning
 
+__all__ = ["EXERCISES", "SWEEP", "children_trial", "run_children", "run_sample", "run_score", "run_search",
+           "sample_trial", "sampling", "score_trial", "scoring", "search_trial", "searching", "selecting",
+           "ttlib_search"]
+
 
 # ---- exercise 1: sample_bins -------------------------------------------------------------------------------------
 def sample_trial(rng):

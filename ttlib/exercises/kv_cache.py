@@ -18,6 +18,11 @@ from ttlib.exercises.attention import merge_heads, merge_unmoved, split_heads, s
 from ttlib.model.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.model.gpt import Block, GPTConfig, TrajectoryGPT
 
+__all__ = ["EXERCISES", "Stored", "allocated_bytes", "attention_trial", "bytes_trial", "cached_layer", "cached_pass",
+           "forward_trial", "lent_cached_attention", "lent_write_kv", "reorder_trial", "reordering", "run_attention",
+           "run_bytes", "run_forward", "run_reorder", "run_write", "sizing", "storing", "ttlib_cached_attention",
+           "ttlib_forward", "ttlib_reorder", "ttlib_write_kv", "write_trial"]
+
 
 @dataclass
 class Stored:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Refused", "guard", "label"]
+__all__ = ["Refused", "Watch", "guard", "label", "runs_learners_code"]
 
 
 class Refused(AssertionError):

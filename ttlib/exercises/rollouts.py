@@ -20,6 +20,11 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.planning import beam as planning
 
+__all__ = ["EXERCISES", "LENT", "PLAN_TRIAL", "ROLLOUT_PLANNER", "StepCounter", "batched_planning", "contexts",
+           "contexts_prefix", "contexts_trial", "course", "plan_trial", "recorded_plan_actions", "rollout_loop",
+           "rollout_trial", "run_contexts", "run_plan", "run_rollout", "tiny_model", "trial_envs",
+           "ttlib_build_prefix", "ttlib_encode_transition", "ttlib_plan_actions"]
+
 
 @functools.cache
 def course():

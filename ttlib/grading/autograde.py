@@ -38,6 +38,10 @@ from nbconvert.preprocessors import Preprocessor
 
 from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook
 
+__all__ = ["CRASH_ENV", "MAX_ATTEMPTS", "Replay", "Report", "Submission", "WORKER_BYTES", "autograde", "book",
+           "booking_steps", "default_jobs", "on_ray", "on_this_machine", "plan", "scores", "shared_settings",
+           "with_options"]
+
 MAX_ATTEMPTS = 3  # times a submission is started when its worker is lost
 WORKER_BYTES = 2**30  # what a grading process holds beside its submission's kernel (nbgrader, torch, the judge)
 CRASH_ENV = "TTLIB_GRADE_CRASH"  # tests: "student:seconds:marker" loses that student's first worker mid-grading

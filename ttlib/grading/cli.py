@@ -8,6 +8,8 @@ import re
 
 from ttlib.errors import ConfigError, UnavailableError
 
+__all__ = ["NBGRADER_OPTION", "add_grade", "run"]
+
 NBGRADER_OPTION = re.compile(r"^--[A-Za-z_]\w*\.\w+=")  # --Class.trait=value: passed to nbgrader's configuration
 
 

@@ -29,6 +29,9 @@ import time
 
 from ttlib.grading.linux import IDLE_CLOCK, LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
 
+__all__ = ["Limits", "Usage", "Watchdog", "adopt_orphans", "busy_threads", "children_of", "descendants", "end_orphans",
+           "end_tree", "is_alive", "own_children", "own_memory", "signal_all", "started", "tree_usage"]
+
 
 # ---- a process tree: what it uses, and ending it ------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)

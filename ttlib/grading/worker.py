@@ -27,6 +27,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+__all__ = ["CARRIED_ENV", "Graded", "Shared", "captured_log", "carried_env", "grade_one", "template_gradebook"]
+
+
 # nbgrader's own SQLAlchemy warning each time it makes a submission in a fresh gradebook (as every worker's is)
 warnings.filterwarnings("ignore", message=".*not in session, add operation along.*")
 # the settings of a run that travel with it (the limits' overrides, fast mode, a sandbox guarantee turned off)

@@ -27,6 +27,8 @@ from ttlib.grading.linux import (
 )
 from ttlib.grading.processes import descendants, is_alive, signal_all
 
+__all__ = ["SYSTEM_WRITE_FILES", "main"]
+
 SYSTEM_WRITE_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 
 def _become(args, out_w: int, err_w: int) -> None:

@@ -24,6 +24,8 @@ from torch import nn
 from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.attention import CausalSelfAttention, KVCache
 
+__all__ = ["Block", "GPTConfig", "KINDS", "MLP", "TrajectoryGPT", "check_dims", "trajectory_mask"]
+
 KINDS = ("obs", "action", "reward", "value")  # what a token is (training logs the validation loss of each)
 
 

@@ -28,6 +28,9 @@ import torch
 from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
+__all__ = ["ClippingWarning", "NO_MEANS", "NoBinMeansWarning", "STRATEGIES", "TokenizerError", "TokenizerRangeError",
+           "TrajectoryTokenizer", "bin_means", "joined"]
+
 STRATEGIES = ("uniform", "quantile")
 
 

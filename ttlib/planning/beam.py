@@ -42,7 +42,11 @@ from ttlib.planning.search import Plan, best_children, counter_uniform, decode_p
 from ttlib.planning.static_decoder import static_plan
 from ttlib.planning.triton_step import TritonPlanner
 
-__all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
+__all__ = ["AUTO_ON_CPU", "AUTO_ON_CUDA", "Beams", "CACHES", "CachedDecoder", "Plan", "PlannerConfig",
+           "RecomputeDecoder", "VALUES", "beam_plan", "best_children", "check_critic", "check_fits", "counter_uniform",
+           "course_planner", "critic_planner", "current_states", "decode_plan", "decoded", "decoder_for",
+           "imitation_planner", "logits_along", "plan_score", "sample_bins", "score_actions", "search_beams",
+           "static_planner_class", "static_search", "token_name", "tokens_fed"]
 
 
 CACHES = ("auto", "fused", "readable", "static", "triton")  # PlannerConfig.cache (see static_search for "auto")

@@ -43,6 +43,9 @@ from ttlib.planning.fast_decoder import BufferPool, LayerWeights, min_slots, nor
 from ttlib.planning.graphs import CUDAGraphs, Eager, compiled
 from ttlib.planning.search import Plan, best_children, counter_uniform, decode_plan, sample_bins
 
+__all__ = ["COLUMN", "REWARD", "Rows", "SAMPLE", "SLOT", "StaticPlanner", "UNIFORM", "generated_length",
+           "plan_schedule", "slots", "static_plan"]
+
 SLOT, SAMPLE, UNIFORM, COLUMN, REWARD = range(5)  # the columns of a schedule row
 
 

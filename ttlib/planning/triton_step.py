@@ -24,6 +24,8 @@ import torch
 from ttlib.errors import ConfigError, UnavailableError
 from ttlib.planning.static_decoder import StaticPlanner
 
+__all__ = ["BLOCK_B", "BLOCK_F", "BLOCK_S", "TritonPlanner", "check_shapes", "kernels", "pack_layers"]
+
 BLOCK_B = 16  # rows a program decodes (tl.dot needs at least 16)
 BLOCK_S = 16  # cache slots read at a time
 BLOCK_F = 64  # MLP hidden units at a time

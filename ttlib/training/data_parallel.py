@@ -43,7 +43,9 @@ from ttlib.training.checkpoints import check_resume, pick_device, read_checkpoin
 from ttlib.training.train import Shard, TrainConfig, TrainingError, TrainResult, fit_recipe, kind_sums, load_and_split
 from ttlib.training.train import train as train_one
 
-__all__ = ["shard_objective", "shard_sums", "Worker", "train", "worker_main"]
+__all__ = ["Run", "Worker", "all_reduce_sum", "bench", "check_workers", "failure_message", "file_identity",
+           "join_group", "launch_here", "portable", "random_dataset", "resume_point", "shard_objective", "shard_sums",
+           "train", "worker_main"]
 
 
 # ---- the piece that makes slices add up -------------------------------------------------------------------------

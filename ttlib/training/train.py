@@ -36,6 +36,11 @@ from ttlib.training.checkpoints import (
     save_checkpoint,
 )
 
+__all__ = ["FROM_DATA", "KEEP_BEST_ON", "MIN_STEPS", "PASSES", "RECIPE_EVAL_EVERY", "RECIPE_STEPS", "RunConfig",
+           "Shard", "TrainConfig", "TrainResult", "TrainingError", "TrainingState", "fit", "fit_recipe", "get_batch",
+           "keep_best", "kind_sums", "learning_rate", "load_and_split", "run_loop", "start_training", "train",
+           "validation_losses", "window_tokens"]
+
 
 class TrainingError(TTLibError, ValueError):
     """Training that cannot go on: the loss became NaN or infinite."""
