@@ -214,11 +214,13 @@ class PlannerAgent:
             planner.validate()
             check_fits(model, planner.context, planner.horizon)
             check_critic(planner, critic)
-        self.model, self.tokenizer, self.planner, self.kept = model, tokenizer, planner, buffers
+        self.model, self.tokenizer, self.planner = model, tokenizer, planner
+        self.kept = self.buffers = buffers  # kept: the pool to plan with in every batch (None: a new one each)
         self.device = model.pos_emb.device if model is not None else None
         self.critic = critic.to(self.device) if critic is not None and model is not None else critic
         self.obs_dim, self.act_dim = tokenizer.obs_dim, tokenizer.act_dim
-        self.contexts, self.seeds, self.step, self.plan = None, [], 0, None
+        self.contexts, self.seeds, self.step = None, [], 0  # per row (running environment): its bins and seed
+        self.observed, self.plan = None, None  # the observations of the last request, and the last plan
 
     @property
     def clipped(self) -> int:
