@@ -18,6 +18,9 @@ second). Each failure names every offender with its size, so one run says what r
 4. CI runs the README's test command, verbatim.
 5. Rooms, not a heap: ttlib's top level keeps at most 6 modules (its faces); everything else lives in a subpackage
    named for what it holds, and docs/ARCHITECTURE.md's picture of which room imports which is the source's.
+6. A library function leaves the process's torch thread count as it finds it. Only what a process starts with sets
+   it (torch.set_num_threads, or ttlib.course.threads.fit): the `ttlib` command and the worker processes ttlib
+   starts itself (THREAD_SETTERS); notebooks call fit in their first cell.
 """
 
 from __future__ import annotations
@@ -175,6 +178,33 @@ def reachable(start: str, edges: list[Import]) -> dict[str, list[Import]]:
     return paths
 
 
+def thread_setters(tree: ast.Module) -> set[str]:
+    """The qualified names of the functions ("<module>" outside any) that set torch's thread count: a call of
+    set_num_threads, or of ttlib.course.threads' fit or keep_fitting, under whatever name it was imported."""
+    aliases = {}  # local name -> dotted name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0]
+                            for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    setters = {f"ttlib.course.threads.{name}" for name in ("fit", "keep_fitting")}
+    found = set()
+
+    def visit(node, name):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and isinstance(child.func, (ast.Name, ast.Attribute)):
+                first, _, rest = ast.unparse(child.func).partition(".")
+                called = ".".join(filter(None, (aliases.get(first, first), rest)))
+                if called.rpartition(".")[2] == "set_num_threads" or called in setters:
+                    found.add(name)
+            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            visit(child, (child.name if name == "<module>" else f"{name}.{child.name}") if inner else name)
+
+    visit(tree, "<module>")
+    return found
+
+
 def where(edge: Import) -> str:
     return f"{edge.source} -> {edge.target} (line {edge.line}{', in a function' if edge.in_function else ''})"
 
@@ -231,6 +261,24 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert commands[0] in ci, f".ci/run does not run the README's test command: {commands[0]}"
 
 
+THREAD_SETTERS = {  # (module, function): the entry points of processes, which set torch's threads for the process
+    ("ttlib.cli.main", "main"),  # the `ttlib` command, once per command that computes
+    ("ttlib.training.data_parallel", "worker_main"),  # a data-parallel worker process (torchrun's)
+    ("ttlib.evaluation.ray_evaluation", "ModelActor.__init__"),  # a Ray actor, in a process of its own
+    ("ttlib.course.threads", "fit"), ("ttlib.course.threads", "timed"),  # the setter; timed restores the count
+}
+
+
+def test_only_the_entry_points_of_processes_set_torchs_thread_count():
+    found = {(module, name) for module, (_, tree) in SOURCE.trees.items() if module.startswith("ttlib")
+             for name in thread_setters(tree)}
+    assert ("ttlib.cli.main", "main") in found, "the `ttlib` command no longer fits torch's threads"
+    wrong = sorted(found - THREAD_SETTERS)
+    assert not wrong, ("library functions that change the whole process's torch thread count (leave it to the entry "
+                       "points: the `ttlib` command, a notebook's first cell, a worker process's start):\n"
+                       + "\n".join(f"  {module}: {name}" for module, name in wrong))
+
+
 TOP_LEVEL_MODULES = 6  # __init__, __main__ and a few faces (errors, files)
 
 
@@ -264,3 +312,7 @@ def test_the_checks_find_a_long_function_a_circle_and_a_one_piece_sentence():
     assert circles(a + b + c) == [["p.a", "p.b", "p.c"]]
     assert circles(a + b) == []
     assert [e.target for e in reachable("p.a", a + b)["p.c"]] == ["p.b", "p.c"]
+    sets = ast.parse("from ttlib.course import threads as t\nimport torch as th\nfrom ttlib.course.threads import fit "
+                     "as fit_threads\nfit_threads()\ndef f():\n    t.fit(2)\nclass A:\n    def g(self):\n"
+                     "        th.set_num_threads(1)\n    def h(self):\n        t.free_cores(); fit(1)\n")
+    assert thread_setters(sets) == {"<module>", "f", "A.g"}

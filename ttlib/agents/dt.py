@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
 from ttlib.evaluation.rollout import (
@@ -386,7 +385,6 @@ def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_ca
         agent = DTAgent(model, target_return, len(seeds), use_cache=use_cache, keep=keep)
         frames = []
         while batch.running.any():
-            threads.keep_fitting()  # as many torch threads as other programs leave cores free
             active = np.flatnonzero(batch.running)  # the agent's rows, in this order
             if record and batch.running[0]:
                 frames.append(batch.render_first())

@@ -27,6 +27,8 @@ from ttlib.cli.train import add_train, add_train_critic, where_to_resume
 from ttlib.data import trajectories as ttdata
 from ttlib.grading import cli as grading_cli
 
+COMPUTES = ("train", "train-critic", "evaluate", "bench")  # the commands whose work is torch's, on CPU threads
+
 
 def _cmd_make_dataset(args):
     path = ttdata.build(args.dataset, seed=args.seed, n_episodes=args.episodes, force=args.force)
@@ -210,6 +212,10 @@ def main(argv=None) -> int:
         args.nbgrader_options = options
     else:
         args = build_parser().parse_args(argv)
+    if args.command in COMPUTES:  # the process is this command's: its torch threads, the cores others leave free
+        from ttlib.course import threads
+
+        threads.fit()
     try:
         args.func(args)
     except (ttdata.DatasetError, CheckpointError, ValueError, DistributedError) as e:

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ttlib.course import threads
 from ttlib.files import atomic_path
 from ttlib.model.gpt import TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
@@ -326,7 +325,6 @@ def _run_wave(model, tokenizer, env_id, env_kwargs, seeds, planner, asynchronous
             # mininterval): a notebook's progress widget then sends a few hundred messages, not one a step
             bar.set_postfix_str(f"step {batch.step + 1}", refresh=False)
             bar.update(len(batch.act(plan.actions[:, 0].numpy())))
-            threads.keep_fitting()  # as many torch threads as the other programs leave cores free
         return Episodes(list(batch.returns), list(batch.lengths), batch.contexts.clipped, frames, plans)
     finally:
         batch.close()
