@@ -26,11 +26,14 @@ second). Each failure names every offender with its size, so one run says what r
 7. One error base: every exception class ttlib defines derives from ttlib.errors.TTLibError (which `ttlib` prints as
    one line) and from a built-in error (so `except ValueError` still works). Not counted: warnings, the grader's
    private signals (`_Stop`), and the exercises' AssertionErrors, which are the learner's messages.
-6. One episode loop. Every agent is played by ttlib.evaluation.rollout's loop: no other module of ttlib/ or tools/
+8. One episode loop. Every agent is played by ttlib.evaluation.rollout's loop: no other module of ttlib/ or tools/
    steps an environment (`env.step(...)`, `envs.step(...)`: a receiver named for an environment) or builds a
    vector environment (gymnasium.vector, SyncVectorEnv, AsyncVectorEnv), except the few that step environments
    for another purpose, each named below with it; and none but Ray's environment workers steps rollout's
    EpisodeBatch itself (`batch.act(...)`) instead of letting it play.
+9. A library function leaves the process's torch thread count as it finds it. Only what a process starts with sets
+   it (torch.set_num_threads, or ttlib.course.threads.fit): the `ttlib` command and the worker processes ttlib
+   starts itself (THREAD_SETTERS); notebooks call fit in their first cell.
 """
 
 from __future__ import annotations
@@ -242,6 +245,33 @@ def reachable(start: str, edges: list[Import]) -> dict[str, list[Import]]:
     return paths
 
 
+def thread_setters(tree: ast.Module) -> set[str]:
+    """The qualified names of the functions ("<module>" outside any) that set torch's thread count: a call of
+    set_num_threads, or of ttlib.course.threads' fit or keep_fitting, under whatever name it was imported."""
+    aliases = {}  # local name -> dotted name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0]
+                            for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    setters = {f"ttlib.course.threads.{name}" for name in ("fit", "keep_fitting")}
+    found = set()
+
+    def visit(node, name):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and isinstance(child.func, (ast.Name, ast.Attribute)):
+                first, _, rest = ast.unparse(child.func).partition(".")
+                called = ".".join(filter(None, (aliases.get(first, first), rest)))
+                if called.rpartition(".")[2] == "set_num_threads" or called in setters:
+                    found.add(name)
+            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            visit(child, (child.name if name == "<module>" else f"{name}.{child.name}") if inner else name)
+
+    visit(tree, "<module>")
+    return found
+
+
 def where(edge: Import) -> str:
     return f"{edge.source} -> {edge.target} (line {edge.line}{', in a function' if edge.in_function else ''})"
 
@@ -345,6 +375,24 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert "--durations=" in commands[0], "the test command should name the slowest tests (--durations=N)"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert commands[0] in ci, f".ci/run does not run the README's test command: {commands[0]}"
+
+
+THREAD_SETTERS = {  # (module, function): the entry points of processes, which set torch's threads for the process
+    ("ttlib.cli.main", "main"),  # the `ttlib` command, once per command that computes
+    ("ttlib.training.data_parallel", "worker_main"),  # a data-parallel worker process (torchrun's)
+    ("ttlib.evaluation.ray_evaluation", "ModelActor.__init__"),  # a Ray actor, in a process of its own
+    ("ttlib.course.threads", "fit"), ("ttlib.course.threads", "timed"),  # the setter; timed restores the count
+}
+
+
+def test_only_the_entry_points_of_processes_set_torchs_thread_count():
+    found = {(module, name) for module, (_, tree) in SOURCE.trees.items() if module.startswith("ttlib")
+             for name in thread_setters(tree)}
+    assert ("ttlib.cli.main", "main") in found, "the `ttlib` command no longer fits torch's threads"
+    wrong = sorted(found - THREAD_SETTERS)
+    assert not wrong, ("library functions that change the whole process's torch thread count (leave it to the entry "
+                       "points: the `ttlib` command, a notebook's first cell, a worker process's start):\n"
+                       + "\n".join(f"  {module}: {name}" for module, name in wrong))
 
 
 TOP_LEVEL_MODULES = 6  # __init__, __main__ and a few faces (errors, files)
@@ -533,3 +581,7 @@ def test_public_api_writes_the_public_names_and_keeps_a_faces():
     assert '__all__ = ["LIMIT", "run", "shown"]\n' in written and public_api.rewritten(written) == written
     fresh = public_api.rewritten('"""Doc."""\n\nimport os\n\n\ndef f():\n    pass\n')
     assert fresh == '"""Doc."""\n\nimport os\n\n__all__ = ["f"]\n\n\ndef f():\n    pass\n'
+    sets = ast.parse("from ttlib.course import threads as t\nimport torch as th\nfrom ttlib.course.threads import fit "
+                     "as fit_threads\nfit_threads()\ndef f():\n    t.fit(2)\nclass A:\n    def g(self):\n"
+                     "        th.set_num_threads(1)\n    def h(self):\n        t.free_cores(); fit(1)\n")
+    assert thread_setters(sets) == {"<module>", "f", "A.g"}

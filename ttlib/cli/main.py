@@ -28,7 +28,8 @@ from ttlib.data import trajectories as ttdata
 from ttlib.errors import TTLibError
 from ttlib.grading import cli as grading_cli
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMPUTES", "build_parser", "main"]
+COMPUTES = ("train", "train-critic", "evaluate", "bench")  # the commands whose work is torch's, on CPU threads
 
 
 def _cmd_make_dataset(args):
@@ -209,6 +210,10 @@ def main(argv=None) -> int:
         args.nbgrader_options = options
     else:
         args = build_parser().parse_args(argv)
+    if args.command in COMPUTES:  # the process is this command's: its torch threads, the cores others leave free
+        from ttlib.course import threads
+
+        threads.fit()
     try:
         args.func(args)
     except TTLibError as e:

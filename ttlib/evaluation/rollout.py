@@ -28,7 +28,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ttlib.agents.protocol import Agent
-from ttlib.course import threads
 from ttlib.errors import ConfigError, MismatchError, UnavailableError
 from ttlib.files import atomic_path
 from ttlib.model.gpt import TrajectoryGPT
@@ -391,7 +390,6 @@ class EpisodeBatch:
         episode's frames and the agent's decisions for it."""
         frames, decisions = [], []
         while self.running.any():
-            threads.keep_fitting()  # as many torch threads as the other programs leave cores free
             first = record and self.running[0]
             if first:
                 frames.append(self.render_first())

@@ -300,7 +300,7 @@ def bench(workers=(1, 2, 4), steps: int = 40, batch_size: int = 64, devices: tup
         for k in workers:
             if device == "cuda" and k > torch.cuda.device_count():
                 continue
-            if k == 1:  # one process, as `ttlib train` without --workers (threads: the cores others leave free)
+            if k == 1:  # one process, as `ttlib train` without --workers (threads: as `ttlib bench` fitted them)
                 result = train_one(config, data=data, progress=False)
             else:
                 result = train(config, data=data, workers=k, progress=False)

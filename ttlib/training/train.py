@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
 from ttlib.data.trajectories import split_episodes, subset
@@ -396,7 +395,6 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
     bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
                total=config.steps)
     for step in bar:
-        threads.keep_fitting()  # as many torch threads as other programs leave cores free
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         loss, value = shard.step_loss(model, next_batch())
