@@ -31,6 +31,9 @@ def add_grade(sub) -> None:
 
 
 def run(args):
+    from .worker import skip_unused_imports
+
+    skip_unused_imports()  # before nbgrader: 2 CPU s less in each `ttlib grade` command
     if args.action == "doctor":
         from . import sandbox
 
