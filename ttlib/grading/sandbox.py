@@ -208,8 +208,11 @@ class Sandbox:
             cmd += ["--tcp-ports", ",".join(str(p) for p in self.tcp_ports)]
         return [*cmd, "--", *argv]
 
-    def watch(self, pid: int, poll: float = 0.05, guard=None) -> Watchdog:
-        self.watchdog = Watchdog(pid, self.limits, poll, include_root=not self.caps.sandboxed, guard=guard)
+    def watch(self, pid: int, poll: float = 0.05, guard=None, forked: bool = False) -> Watchdog:
+        """`forked`: `pid` is a wrapper forked from the zygote (its init's memory, the zygote's until it execs, is
+        not the command's)."""
+        self.watchdog = Watchdog(pid, self.limits, poll, include_root=not self.caps.sandboxed, guard=guard,
+                                 children_memory=not (forked and self.caps.namespaces))
         return self.watchdog
 
     def close(self) -> None:
@@ -293,9 +296,9 @@ def run(argv: list[str], limits: Limits | None = None, readable=(), protected=()
                 raise ValueError(f"run(files=...): {relative!r} is not a path inside the scratch folder")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        pid, streams, wait = _start(box, argv, box.environment(env), preload)
+        pid, streams, wait, forked = _start(box, argv, box.environment(env), preload)
         out, err = [], []
-        dog = box.watch(pid, guard=None if watch is None else lambda: watch(box.watchdog, out))
+        dog = box.watch(pid, guard=None if watch is None else lambda: watch(box.watchdog, out), forked=forked)
         readers = [threading.Thread(target=_read_capped, args=(s, limits.output_bytes, o), daemon=True)
                    for s, o in zip(streams, (out, err), strict=True)]
         for r in readers:
@@ -315,7 +318,7 @@ def run(argv: list[str], limits: Limits | None = None, readable=(), protected=()
 
 def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
     """Start `argv` in `box` -> (the wrapper's pid, its stdout and stderr as streams, wait(timeout) -> (exit code,
-    CPU seconds of the wrapper and every child it reaped, or None))."""
+    CPU seconds of the wrapper and every child it reaped, or None), whether it was forked from the zygote)."""
     import subprocess
 
     zygote = None
@@ -334,7 +337,7 @@ def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
             rusage = _wait(proc, timeout)
             return proc.returncode, None if rusage is None else rusage.ru_utime + rusage.ru_stime
 
-        return proc.pid, (proc.stdout, proc.stderr), wait
+        return proc.pid, (proc.stdout, proc.stderr), wait, False
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     try:
         pid = zygote.spawn(box.command(argv)[3:], env, str(box.scratch), out_w, err_w)
@@ -346,7 +349,7 @@ def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
         status, cpu = zygote.wait(pid, timeout)
         return os.waitstatus_to_exitcode(status), cpu
 
-    return pid, (open(out_r, "rb"), open(err_r, "rb")), wait_forked
+    return pid, (open(out_r, "rb"), open(err_r, "rb")), wait_forked, True
 
 
 def _wait(proc, timeout: float | None):
