@@ -92,6 +92,23 @@ def _student_tables(db: sqlite3.Connection) -> list[str]:
         found |= more
 
 
+def worker_started() -> None:
+    """A pool process of `ttlib grade autograde` starts (it has imported only this module and ttlib's command line,
+    not nbgrader): it ends with the grading process (its sandboxes end with it in turn), skips unused imports, and
+    forks its hidden tests' zygote now, while it has one thread, sharing the libraries both import."""
+    import signal
+
+    from .linux import LINUX, PR_SET_PDEATHSIG, capabilities, prctl
+
+    skip_unused_imports()
+    if LINUX:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if capabilities().sandboxed:
+        from .zygote import fork_here
+
+        fork_here()
+
+
 def skip_unused_imports() -> None:
     """Call before nbgrader is imported. jsonschema (imported by nbformat) imports rfc3987_syntax, where installed,
     only to check the "iri" string format, which nbformat and nbgrader never ask for -- and that module builds a

@@ -41,15 +41,21 @@ _PID, _DONE = struct.Struct("<i"), struct.Struct("<idd")  # the zygote's replies
 
 # ---- the grader's side -------------------------------------------------------------------------------------------
 class Zygote:
-    """A zygote started by this process: `spawn` forks a run, `wait` reaps it (one run at a time)."""
+    """A zygote of this process (`start`ed afresh, or `fork_here`): `spawn` forks a run, `wait` reaps it (one run at
+    a time)."""
 
-    def __init__(self, python: str, env: dict[str, str], ready_timeout: float = 600.0):
+    def __init__(self, pid: int, sock: socket.socket, proc: subprocess.Popen | None = None):
+        self.pid, self.sock, self.proc, self.lock = pid, sock, proc, threading.Lock()
+
+    @classmethod
+    def start(cls, python: str, env: dict[str, str], ready_timeout: float = 600.0) -> Zygote:
+        """A zygote in a new process of `python` with `env` (it imports PRELOAD first: seconds)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from ttlib.grading.zygote import serve; serve({theirs.fileno()})"
-        self.proc = subprocess.Popen([python, "-c", code], env=env, pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen([python, "-c", code], env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
-        self.sock, self.lock = ours, threading.Lock()
+        z = cls(proc.pid, ours, proc)
         ours.settimeout(ready_timeout)
         try:
             ready = ours.recv(1)
@@ -57,15 +63,17 @@ class Zygote:
             ready = b""
         ours.settimeout(None)
         if ready != b"R":
-            self.close()
+            z.close()
             raise OSError("the grading zygote did not start (see its error above)")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+        return z
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
 
     def spawn(self, wrapper_args: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> int:
         """Fork the wrapper that runs `wrapper_args` (ttlib.grading.wrapper's command line) with `env` in `cwd`, its
@@ -105,29 +113,59 @@ class Zygote:
             self.lock.release()
 
     def close(self) -> None:
+        import time
+
         self.sock.close()  # the zygote reads end-of-file and ends (with a run still in flight)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        deadline = time.monotonic() + 10
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
 
 
-_ZYGOTES: dict[tuple, Zygote] = {}
+_ZYGOTES: dict[str, Zygote] = {}  # python -> its zygote
 _STARTING = threading.Lock()
 
 
 def zygote_for(python: str, env: dict[str, str]) -> Zygote:
-    """This process's zygote for `python` and these thread settings (started the first time, and again if it
-    died); the other variables of `env` are set in each run, not in the zygote."""
-    threads = {k: env[k] for k in THREAD_VARS if k in env}
-    key = (python, tuple(sorted(threads.items())))
+    """This process's zygote for `python` (started the first time, and again if it died, with `env`'s thread
+    settings); every variable of `env` is set in each run (`run_here` sets torch's threads from them too)."""
     with _STARTING:
-        z = _ZYGOTES.get(key)
+        z = _ZYGOTES.get(python)
         if z is None or not z.alive():
             base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
-            z = _ZYGOTES[key] = Zygote(python, {**base, **threads})
+            z = _ZYGOTES[python] = Zygote.start(python, {**base, **{k: env[k] for k in THREAD_VARS if k in env}})
         return z
+
+
+def fork_here() -> None:
+    """Make this process's zygote a fork of this process, now, sharing the imports of PRELOAD with it instead of
+    importing them twice -- how a pool process of `ttlib grade autograde` starts, while it has one thread and has
+    seen no submission (the zygote never does)."""
+    with _STARTING:
+        if sys.executable in _ZYGOTES:
+            return
+        _preload()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:  # the zygote: a session of its own, nothing of this process's open but its socket
+                os.setsid()
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                keep = theirs.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, 65536)
+                _serve(theirs)
+            finally:
+                os._exit(1)
+        theirs.close()
+        _ZYGOTES[sys.executable] = Zygote(pid, ours)
 
 
 def pids() -> set[int]:
@@ -147,21 +185,18 @@ def _recv_exact(sock, n: int) -> bytes:
 
 # ---- the zygote ----------------------------------------------------------------------------------------------------
 def serve(fd: int) -> None:
-    """The zygote's life: import PRELOAD, say ready, then fork a run per request and report its end, until the
-    grading process goes (end-of-file)."""
-    import importlib
-
+    """The life of a zygote started afresh: import PRELOAD, say ready, then `_serve`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the grader; the grader ends us
     sock = socket.socket(fileno=fd)
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # an optional library: the runs import it themselves, if they need it
-            pass
-    _warm_up()
+    _preload()
     sys.stdout.flush()
     sys.stderr.flush()
     sock.sendall(b"R")
+    _serve(sock)
+
+
+def _serve(sock) -> None:
+    """Fork a run per request and report its end, until the grading process goes (end-of-file). Never returns."""
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(sock, 1, 3)
@@ -182,11 +217,18 @@ def serve(fd: int) -> None:
     os._exit(0)
 
 
-def _warm_up() -> None:
-    """What the hidden tests do the first time, and would otherwise pay for in every run: every exercise module
-    imported, and torch's dispatch modes (which import torch._dynamo on first use)."""
+def _preload() -> None:
+    """Import PRELOAD, and do what the hidden tests do the first time and would otherwise pay for in every run:
+    every exercise module imported, and torch's dispatch modes warmed up (they import torch._dynamo on first
+    use)."""
     import gc
+    import importlib
 
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional library: the runs import it themselves, if they need it
+            pass
     from ..exercises import all_exercises, refuse
 
     all_exercises()
@@ -298,3 +340,6 @@ def _after_fork() -> None:
     refuse = sys.modules.get("ttlib.exercises.refuse")
     if refuse is not None:
         refuse._LIBRARIES = refuse._library_roots()  # its library folders include PYTHONPATH's
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
+        sys.modules["torch"].set_num_threads(int(threads))  # what torch reads at its start, from this run
