@@ -298,11 +298,16 @@ def run(argv: list[str], limits: Limits | None = None, readable=(), protected=()
             path.write_bytes(data)
         pid, streams, wait, forked = _start(box, argv, box.environment(env), preload)
         out, err = [], []
-        dog = box.watch(pid, guard=None if watch is None else lambda: watch(box.watchdog, out), forked=forked)
-        readers = [threading.Thread(target=_read_capped, args=(s, limits.output_bytes, o), daemon=True)
-                   for s, o in zip(streams, (out, err), strict=True)]
-        for r in readers:
-            r.start()
+        try:
+            dog = box.watch(pid, guard=None if watch is None else lambda: watch(box.watchdog, out), forked=forked)
+            readers = [threading.Thread(target=_read_capped, args=(s, limits.output_bytes, o), daemon=True)
+                       for s, o in zip(streams, (out, err), strict=True)]
+            for r in readers:
+                r.start()
+        except BaseException:  # nothing may run unwatched: end it (and free the zygote for the next run)
+            end_tree(pid)
+            wait(None)
+            raise
         returncode, reaped_cpu = wait(None if limits.wall_seconds is None else limits.wall_seconds + 30)
         dog.close()
         for r in readers:

@@ -335,6 +335,7 @@ _ZYGOTE_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.paths
 
 def _after_fork() -> None:
     """Module state the zygote's imports computed from its own environment, computed again from this run's."""
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))  # (the sandbox sets it)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()  # numpy's global generator: entropy of its own, as in a new process
     refuse = sys.modules.get("ttlib.exercises.refuse")
