@@ -381,6 +381,7 @@ THREAD_SETTERS = {  # (module, function): the entry points of processes, which s
     ("ttlib.cli.main", "main"),  # the `ttlib` command, once per command that computes
     ("ttlib.training.data_parallel", "worker_main"),  # a data-parallel worker process (torchrun's)
     ("ttlib.evaluation.ray_evaluation", "ModelActor.__init__"),  # a Ray actor, in a process of its own
+    ("ttlib.grading.zygote", "_after_fork"),  # a process forked from the grading zygote: its own start
     ("ttlib.course.threads", "fit"), ("ttlib.course.threads", "timed"),  # the setter; timed restores the count
 }
 

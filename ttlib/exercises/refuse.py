@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Refused", "Watch", "guard", "label", "runs_learners_code"]
+__all__ = ["Refused", "Watch", "guard", "label", "runs_learners_code", "warm_up_dispatch"]
 
 
 class Refused(AssertionError):
@@ -239,7 +239,7 @@ def guard(*references, strict: bool = False, report: Callable[[str], None] | Non
     if previous is not None and not callable(previous):  # e.g. cProfile's profiler object: not restorable by us
         previous = None
     if targets.aten_ops:
-        _warm_up_dispatch()
+        warm_up_dispatch()
     with contextlib.ExitStack() as stack:
         if targets.torch_functions:
             stack.enter_context(_RefuseTorchFunctions(targets.torch_functions, refuse))
@@ -257,7 +257,7 @@ def guard(*references, strict: bool = False, report: Callable[[str], None] | Non
 
 
 @functools.cache
-def _warm_up_dispatch() -> None:
+def warm_up_dispatch() -> None:
     """Python dispatch modes import a good deal of torch the first time one is used (seconds): do it before the
     profile hook is watching, once."""
     with _RefuseAtenOps({}, None):

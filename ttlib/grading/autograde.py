@@ -36,7 +36,7 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import Preprocessor
 
-from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook
+from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook, worker_started
 
 __all__ = ["CRASH_ENV", "MAX_ATTEMPTS", "Replay", "Report", "Submission", "WORKER_BYTES", "autograde", "book",
            "booking_steps", "default_jobs", "on_ray", "on_this_machine", "plan", "scores", "shared_settings",
@@ -240,16 +240,6 @@ def _crash_for(student: str):
     return (float(seconds), marker) if spec and who == student else None
 
 
-def _worker_started() -> None:
-    """A pool process ends with the grading process (its sandboxes end with it in turn)."""
-    import signal
-
-    from ttlib.grading.linux import LINUX, PR_SET_PDEATHSIG, prctl
-
-    if LINUX:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _start_in_pool(pool, s: Submission):
     return pool.submit(grade_one, s.shared, s.student, s.files, _crash_for(s.student))
 
@@ -280,7 +270,7 @@ def on_this_machine(todo: list[Submission], jobs: int):
     queue = deque(todo)
     while queue:
         pool = ProcessPoolExecutor(min(jobs, len(queue)), mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_worker_started)
+                                   initializer=worker_started)
         pending, lost = {}, []
         start = functools.partial(_start_in_pool, pool)
         try:

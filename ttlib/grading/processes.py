@@ -100,10 +100,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def tree_usage(pid: int, include_root: bool = False) -> Usage | None:
+def tree_usage(pid: int, include_root: bool = False, children_memory: bool = True) -> Usage | None:
     """CPU time, memory and process count of everything below `pid` (and of `pid` itself with `include_root`; not
     by default: `pid` is the wrapper): the live descendants' own and reaped-children times, plus the times of the
-    children `pid` reaped (the wrapper, a subreaper, reaps orphans: their time stays counted). None when `pid` is
+    children `pid` reaped (the wrapper, a subreaper, reaps orphans: their time stays counted). Without
+    `children_memory`, the memory of `pid`'s own children is left out (a wrapper forked from the zygote: its one
+    child is the PID namespace's init, a copy of the zygote until it execs a small supervisor). None when `pid` is
     gone."""
     if not LINUX:
         import psutil
@@ -135,7 +137,7 @@ def tree_usage(pid: int, include_root: bool = False) -> Usage | None:
             continue
         ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
         if fields[0] not in "ZX":
-            pages += int(fields[21])
+            pages += int(fields[21]) if children_memory or int(fields[1]) != pid else 0
             n += 1
     return Usage(ticks / _TICK, pages * _PAGE, n)
 
@@ -284,6 +286,7 @@ class Watchdog:
     over: float = 0.0  # the value that crossed the limit
     idle: float = 0.0  # idle seconds of the tree so far
     idle_every: float = 0.5
+    children_memory: bool = True  # count the memory of `pid`'s own children (see tree_usage)
 
     def __post_init__(self):
         self.started = started(self.pid)  # who `pid` is: end_tree leaves a later process with that pid alone
@@ -297,7 +300,7 @@ class Watchdog:
     def _watch(self) -> None:
         limits = self.limits
         while not self._done.is_set():
-            usage = tree_usage(self.pid, self.include_root)
+            usage = tree_usage(self.pid, self.include_root, self.children_memory)
             if usage is None:
                 return
             self.usage = dataclasses.replace(usage, cpu_seconds=max(usage.cpu_seconds, self.usage.cpu_seconds))

@@ -27,7 +27,7 @@ from ttlib.grading.linux import (
 )
 from ttlib.grading.processes import descendants, is_alive, signal_all
 
-__all__ = ["SYSTEM_WRITE_FILES", "main"]
+__all__ = ["SUPERVISOR", "SYSTEM_WRITE_FILES", "main", "supervise"]
 
 SYSTEM_WRITE_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 
@@ -61,6 +61,8 @@ def _become(args, out_w: int, err_w: int) -> None:
         # this wrapper now, or the PID namespace's init (pid 1, which it then leaves alone)
         if "JPY_PARENT_PID" in os.environ:
             os.environ["JPY_PARENT_PID"] = str(os.getppid())
+        if args.run_in_place is not None:  # forked from the zygote: the command runs here, already imported
+            args.run_in_place(args.argv)
         os.execvp(args.argv[0], args.argv)
     except BaseException as e:
         os.write(2, f"ttlib sandbox: could not start {args.argv[:1]}: {type(e).__name__}: {e}\n".encode())
@@ -170,6 +172,21 @@ def _supervise(main_pid: int, grace: float, in_namespace: bool) -> int:
     return code
 
 
+_TTLIB_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SUPERVISOR = (f"import sys; sys.path.insert(0, {_TTLIB_PARENT!r}); from ttlib.grading.wrapper import supervise; "
+              "supervise(int(sys.argv[1]), float(sys.argv[2]))")
+
+
+def supervise(main_pid: int, grace: float) -> None:
+    """The PID namespace's init exec'd afresh (a run forked from the zygote): `_supervise`, with the wrapper's
+    handlers (exec reset them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGHUP, _raise_stop)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    os._exit(_supervise(main_pid, grace, in_namespace=True))
+
+
 def _wrapper(args) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the command (same process group), not us
     signal.signal(signal.SIGTERM, _raise_stop)
@@ -197,6 +214,8 @@ def _wrapper(args) -> int:
                 _become(args, out_w, err_w)
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
+            if args.run_in_place is not None:  # a copy of the zygote: a small supervisor instead (the memory)
+                os.execv(sys.executable, [sys.executable, "-c", SUPERVISOR, str(main), str(args.grace)])
             os._exit(_supervise(main, args.grace, in_namespace=True))
         except BaseException as e:
             os.write(2, f"ttlib sandbox: namespace set-up failed: {type(e).__name__}: {e}\n".encode())
@@ -250,8 +269,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, run_in_place=None) -> int:
+    """The wrapper's command line (`argv`). `run_in_place(command)`: what runs the command instead of exec, in its
+    confined process (ttlib.grading.zygote's children: the command's libraries are already imported)."""
     args = _parser().parse_args(argv)
+    args.run_in_place = run_in_place
     if args.doctor:
         print(capabilities().report())
         return 0
