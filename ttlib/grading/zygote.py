@@ -138,6 +138,7 @@ def zygote_for(python: str, env: dict[str, str]) -> Zygote:
         if z is None or not z.alive():
             base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
             z = _ZYGOTES[python] = Zygote.start(python, {**base, **{k: env[k] for k in THREAD_VARS if k in env}})
+            _close_at_exit()
         return z
 
 
@@ -168,6 +169,27 @@ def fork_here() -> None:
                 os._exit(1)
         theirs.close()
         _ZYGOTES[sys.executable] = Zygote(pid, ours)
+        _close_at_exit()
+
+
+def _close_at_exit() -> None:
+    """close_all when this process exits: atexit, and multiprocessing's finalizers (a pool process ends without
+    running atexit's)."""
+    import atexit
+    from multiprocessing import util
+
+    if not getattr(_close_at_exit, "done", False):
+        atexit.register(close_all)
+        util.Finalize(None, close_all, exitpriority=0)
+        _close_at_exit.done = True
+
+
+def close_all() -> None:
+    """End this process's zygotes (each reads end-of-file) and reap them: at this process's exit (registered with
+    the first one), so that they end with it and their CPU time is counted in its children's."""
+    for z in list(_ZYGOTES.values()):
+        z.close()
+    _ZYGOTES.clear()
 
 
 def pids() -> set[int]:
