@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["PRELOAD", "THREAD_VARS", "Zygote", "fork_here", "pids", "run_here", "serve", "zygote_for"]
+__all__ = ["PRELOAD", "THREAD_VARS", "Zygote", "close_all", "fork_here", "pids", "run_here", "serve", "zygote_for"]
 
 PRELOAD = ("numpy", "torch", "torch.nn.functional", "matplotlib.pyplot", "ipywidgets", "IPython.display",
            "IPython.core.inputtransformer2", "tqdm.auto", "gymnasium", "ttlib.exercises.hidden", "ttlib.model",
