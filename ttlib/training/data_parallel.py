@@ -43,9 +43,9 @@ from ttlib.training.checkpoints import check_resume, pick_device, read_checkpoin
 from ttlib.training.train import Shard, TrainConfig, TrainingError, TrainResult, fit_recipe, kind_sums, load_and_split
 from ttlib.training.train import train as train_one
 
-__all__ = ["Run", "Worker", "all_reduce_sum", "bench", "check_workers", "failure_message", "file_identity",
-           "join_group", "launch_here", "portable", "random_dataset", "resume_point", "shard_objective", "shard_sums",
-           "train", "worker_main"]
+__all__ = ["Run", "SUM_BUFFERS", "Worker", "all_reduce_sum", "bench", "check_workers", "failure_message",
+           "file_identity", "join_group", "launch_here", "portable", "random_dataset", "resume_point",
+           "shard_objective", "shard_sums", "train", "worker_main"]
 
 
 # ---- the piece that makes slices add up -------------------------------------------------------------------------
@@ -70,8 +70,23 @@ def shard_sums(mean_loss: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     return mean_loss * n_real.clamp(min=1), n_real
 
 
+# torch.distributed sums a tensor on a thread of its own, which lets go of it a moment after the sum. On torch 2.4
+# (gloo), when Python has dropped the tensor by then, freeing it takes Python's interpreter lock, which
+# destroy_process_group holds while it waits for that thread: a worker hung at the end of its run, now and then.
+# So every sum goes through a buffer that lives as long as the process (one per shape and dtype: a few tiny ones).
+SUM_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+@torch.no_grad()
 def all_reduce_sum(tensor: torch.Tensor) -> None:
-    dist.all_reduce(tensor)  # the default operation is the sum
+    """Sums `tensor` over the workers, in place, as torch.distributed.all_reduce does -- through SUM_BUFFERS."""
+    key = (tuple(tensor.shape), tensor.dtype, tensor.device)
+    if key not in SUM_BUFFERS:
+        SUM_BUFFERS[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    buffer = SUM_BUFFERS[key]
+    buffer.copy_(tensor)
+    dist.all_reduce(buffer)  # the default operation is the sum
+    tensor.copy_(buffer)
 
 
 @dataclass
