@@ -14,34 +14,35 @@ from __future__ import annotations
 
 import json
 
+from ttlib.cli.options import add_config_options, config_from, given, given_options, option
+
 BASELINES = ("bc", "iql")
+POLICY_NAMES = {"seed": ("--train-seed",)}  # in `ttlib evaluate`, whose --seed is the first episode's
 
 
 def add_baseline_options(p, evaluate: bool) -> None:
-    """The options the baselines add to `ttlib train` (evaluate=False) or `ttlib evaluate`."""
+    """The options the baselines add to `ttlib train` (evaluate=False: PolicyConfig's fields are among its
+    train_configs) or `ttlib evaluate`."""
     p.add_argument("--critic", default=None, help="iql: a checkpoint holding the critic to extract the policy "
                    "from (`ttlib train-critic`; default: the shipped checkpoint's, for the course dataset)")
-    p.add_argument("--beta", type=float, default=None, help="iql: inverse temperature of the advantage weights "
-                   "(default 1.0)")
-    if evaluate:  # `ttlib train` has --top-percent and --dataset already (train.RunConfig)
-        p.add_argument("--top-percent", type=float, default=None, help="bc, iql: learn from the best PERCENT of "
-                       "the episodes by return (default 100: all; %%BC: e.g. 25)")
-        p.add_argument("--dataset", default=None, help="bc, iql without --checkpoint: the dataset to learn from "
-                       "(default: the course dataset)")
-        p.add_argument("--train-seed", type=int, default=0, help="bc, iql without --checkpoint: the seed of the "
-                       "policy's weights and batches")
+    if evaluate:  # `ttlib train` has --dataset already (train.RunConfig)
+        from ttlib.agents.baselines import PolicyConfig
+
+        group = p.add_argument_group("a baseline trained now (--model bc or iql without --checkpoint)")
+        group.add_argument("--dataset", default=None, help="the dataset to learn from (default: the course "
+                           "dataset)")
+        add_config_options(group, {"bc/iql": PolicyConfig()}, skip=("kind",), names=POLICY_NAMES)
 
 
-def _config(kind: str, args, steps=None, seed: int = 0):
+def policy_config(args, kind: str, names: dict | None = None):
+    """The baseline's PolicyConfig as the options say (`names`: POLICY_NAMES in `ttlib evaluate`)."""
     from ttlib.agents.baselines import BaselineError, PolicyConfig
 
-    config = PolicyConfig(kind=kind, seed=seed, top_percent=100.0 if args.top_percent is None else args.top_percent)
-    if args.beta is not None:
-        if kind != "iql":
-            raise BaselineError("--beta weighs IQL's advantages: it is for --model iql")
-        config.beta = args.beta
-    if steps is not None:
-        config.steps = steps
+    config = config_from(args, PolicyConfig(kind=kind), names)
+    weights = [option(n, names) for n in ("beta", "max_weight") if n in given(args, config, names)]
+    if weights and kind != "iql":
+        verb = "weighs" if len(weights) == 1 else "weigh"
+        raise BaselineError(f"{' and '.join(weights)} {verb} IQL's advantages: for --model iql only")
     config.validate()
     return config
 
@@ -68,14 +69,14 @@ def _critic_for(args, dataset_id: str):
     return critic
 
 
-def trained_policy(kind: str, args, dataset_id: str, steps=None, seed: int = 0, progress: bool = True):
-    """-> (policy, config, the dataset's summary, history): a baseline trained as the options say."""
+def trained_policy(config, args, dataset_id: str, progress: bool = True):
+    """-> (policy, config, the dataset's summary, history): a baseline trained with this PolicyConfig (IQL's
+    critic: --critic's)."""
     from ttlib.agents.baselines import train_policy
     from ttlib.data import trajectories as ttdata
     from ttlib.training.checkpoints import dataset_summary
 
-    config = _config(kind, args, steps, seed)
-    critic = _critic_for(args, dataset_id) if kind == "iql" else None  # before the data: a missing one fails fast
+    critic = _critic_for(args, dataset_id) if config.kind == "iql" else None  # before the data: fails fast
     data = ttdata.load(dataset_id, progress=progress)
     policy, history = train_policy(data, config, critic=critic, progress=progress)
     return policy, config, dataset_summary(data), history
@@ -87,8 +88,8 @@ def cmd_train_policy(args) -> None:
 
     if args.resume or args.export:
         raise ValueError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
-    policy, config, info, history = trained_policy(args.model, args, args.dataset or _default_dataset(),
-                                                   args.steps, args.seed or 0)
+    policy, config, info, history = trained_policy(policy_config(args, args.model), args,
+                                                   args.dataset or _default_dataset())
     save_policy(args.out, policy, config, info, history)
     print(f"{config.name}: {history['episodes']} episodes ({history['transitions']} transitions, returns from "
           f"{history['lowest_return_kept']:.1f}), {config.steps} steps in {history['seconds']:.0f} s, last loss "
@@ -101,21 +102,26 @@ def _default_dataset() -> str:
     return DEFAULT_DATASET
 
 
-def check_evaluate_args(args) -> None:
-    """Options that belong to other models are refused before anything is loaded."""
+def check_evaluate_args(args, planning: list[str]) -> None:
+    """Options that belong to other models are refused before anything is loaded (`planning`: the planner's options
+    given)."""
+    from ttlib.agents.baselines import PolicyConfig
+
+    training = sorted(given_options(args, [PolicyConfig()], POLICY_NAMES)) + [
+        name for name, value in (("--dataset", args.dataset), ("--critic", args.critic)) if value is not None]
     if args.model in BASELINES:
-        others = {"--workers": args.workers, "--target-return": args.target_return, "--value": args.value,
-                  "--beam-width": args.beam_width, "--horizon": args.horizon, "--expand": args.expand,
-                  "--top-k": args.top_k, "--top-p": args.top_p, "--context": args.context}
-        given = [name for name, value in others.items() if value is not None]
-        if given:
+        others = planning + [name for name, value in (("--workers", args.workers),
+                                                      ("--target-return", args.target_return)) if value is not None]
+        if others:
             raise ValueError(f"--model {args.model} acts without planning, in one process: leave out "
-                             f"{', '.join(given)}")
-        if args.checkpoint and any(v is not None for v in (args.dataset, args.top_percent, args.critic, args.beta)):
-            raise ValueError("--dataset, --top-percent, --critic and --beta say how to train a baseline; a "
-                             "--checkpoint holds one trained already")
-    elif any(v is not None for v in (args.top_percent, args.critic, args.dataset, args.beta)):
-        raise ValueError("--top-percent, --critic, --beta and --dataset are for the baselines (--model bc or iql)")
+                             f"{', '.join(others)}")
+        if args.checkpoint and training:
+            raise ValueError(f"{', '.join(training)} say how to train a baseline; a --checkpoint holds one trained "
+                             "already")
+    elif training:
+        raise ValueError(f"{', '.join(training)}: for the baselines only (--model bc or iql)")
+    elif args.model == "dt" and planning:
+        raise ValueError(f"--model dt acts without planning: leave out {', '.join(planning)}")
 
 
 def cmd_evaluate_policy(args, env_for) -> None:
@@ -129,8 +135,8 @@ def cmd_evaluate_policy(args, env_for) -> None:
         if config.kind != args.model:
             raise ValueError(f"{args.checkpoint} holds a {config.kind} policy, not {args.model}")
     else:
-        policy, config, info, history = trained_policy(args.model, args, args.dataset or _default_dataset(),
-                                                       seed=args.train_seed, progress=not args.json)
+        policy, config, info, history = trained_policy(policy_config(args, args.model, POLICY_NAMES), args,
+                                                       args.dataset or _default_dataset(), progress=not args.json)
         trained = f"trained now in {history['seconds']:.0f} s on {history['episodes']} episodes"
     env_id, env_kwargs = env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))

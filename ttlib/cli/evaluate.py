@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 from ttlib.cli.baselines import add_baseline_options
+from ttlib.cli.options import add_config_options, given, given_options
 from ttlib.cli.train import which_arg
 
 
@@ -87,20 +88,19 @@ def _planner_from(args, critic, payload: dict | None = None):
     critic, the default when it has one), `imitation_planner()` for --value likelihood (the default for a model
     trained on the best episodes only, --top-percent), else `course_planner()`; options given override single
     fields."""
-    from ttlib.planning.beam import course_planner, critic_planner, imitation_planner
+    from ttlib.planning.beam import PlannerConfig, course_planner, critic_planner, imitation_planner
 
     imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
     value = args.value or ("critic" if critic is not None else "likelihood" if imitates else "token")
     if value == "critic" and critic is None:
         raise ValueError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
                          "--checkpoint PATH`, or plan with --value token")
-    given = {"beam_width": args.beam_width, "horizon": args.horizon, "sample_expand": args.expand,
-             "context": args.context, "top_k_action": args.top_k, "top_p_action": args.top_p}
-    overrides = {name: value for name, value in given.items() if value is not None}
+    overrides = {**given(args, PlannerConfig(), PLANNER_NAMES), "value": value}
     if overrides.get("top_k_action") == 0:
         overrides["top_k_action"] = None  # --top-k 0: all bins
-    planner = {"critic": critic_planner, "likelihood": imitation_planner, "token": course_planner}[value]
-    return planner(**overrides)
+    planner = {"critic": critic_planner, "likelihood": imitation_planner}.get(value, course_planner)(**overrides)
+    planner.validate()
+    return planner
 
 
 def _check_distributed_args(args):
@@ -123,13 +123,14 @@ def _check_distributed_args(args):
 def _cmd_evaluate(args):
     from ttlib.agents.critic import load_critic
     from ttlib.evaluation.rollout import check_episodes, evaluate, save_video
+    from ttlib.planning.beam import PlannerConfig
     from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, weights_info
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
     from ttlib.cli.baselines import BASELINES, check_evaluate_args, cmd_evaluate_policy
 
     args.model = _agent_of(args)
-    check_evaluate_args(args)
+    check_evaluate_args(args, sorted(given_options(args, [PlannerConfig()], PLANNER_NAMES)))
     if args.model in BASELINES:
         return cmd_evaluate_policy(args, _env_for)
     if args.model == "dt":
@@ -214,20 +215,17 @@ def add_evaluate(sub) -> None:
     p.set_defaults(func=_cmd_evaluate)
 
 
+PLANNER_NAMES = {"sample_expand": ("--sample-expand", "--expand"), "top_k_action": ("--top-k-action", "--top-k"),
+                 "top_p_action": ("--top-p-action", "--top-p")}  # the old spellings stay (docs/RESULTS.md)
+
+
 def _planner_args(p):
-    from ttlib.planning.beam import VALUES, course_planner, critic_planner
+    from ttlib.planning.beam import course_planner, critic_planner, imitation_planner
 
-    t, c = course_planner(), critic_planner()
-
-    def default(name: str) -> str:
-        return f"default {getattr(c, name)} with the critic, {getattr(t, name)} with the value token"
-
-    p.add_argument("--value", choices=list(VALUES), default=None, help="what scores plans: the checkpoint's Q "
-                   "critic (the default when it has one), the model's value token, or the likelihood of the plan's "
-                   "actions (imitation: the default for a model trained with --top-percent)")
-    p.add_argument("--beam-width", type=int, default=None, help=default("beam_width"))
-    p.add_argument("--horizon", type=int, default=None, help=default("horizon"))
-    p.add_argument("--expand", type=int, default=None, help=default("sample_expand"))
-    p.add_argument("--context", type=int, default=None, help=default("context"))
-    p.add_argument("--top-k", type=int, default=None, help=default("top_k_action") + "; 0: all bins")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus for actions (default: all bins)")
+    presets = {"--value critic": critic_planner(), "--value likelihood": imitation_planner(),
+               "--value token": course_planner()}
+    group = p.add_argument_group("the planner (--model tt)")
+    add_config_options(group, presets, names=PLANNER_NAMES, notes={
+        "value": "default: critic when the checkpoint has one, likelihood for a model trained with --top-percent, "
+                 "else token; each is a preset of the other options",
+        "top_k_action": "0: all bins;"})
