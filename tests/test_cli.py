@@ -13,8 +13,10 @@ import typing
 import numpy as np
 import pytest
 
-from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.bench.flops import plan_flops
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import TTLibError
 from ttlib.planning.beam import PlannerConfig
 
 
@@ -130,6 +132,31 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["planner"]["value"] == "critic" and out["planner"]["horizon"] == 1 and out["steps"] == 10
+
+
+def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(monkeypatch, capsys):
+    """`ttlib` prints a TTLibError (a mistake in what the user gave) as one line and exits with 2. Anything else is a
+    bug: a ValueError from deep inside (here numpy's, of a shape that cannot broadcast) leaves `main` with its
+    traceback, which names the function that raised it, and nothing is printed as if it were the user's mistake."""
+    from ttlib.cli.main import main
+    from ttlib.data.minari_io import DatasetError
+
+    def broken():
+        return np.zeros(3) + np.zeros(4)
+
+    monkeypatch.setattr(ttdata, "list_local", broken)
+    with pytest.raises(ValueError, match="could not be broadcast") as raised:
+        main(["datasets"])
+    assert not isinstance(raised.value, TTLibError)
+    assert raised.traceback[-1].name == "broken", [entry.name for entry in raised.traceback]
+    assert "error:" not in capsys.readouterr().err
+
+    def mistaken():
+        raise DatasetError("dataset x is damaged: build it again")
+
+    monkeypatch.setattr(ttdata, "list_local", mistaken)
+    assert main(["datasets"]) == 2
+    assert capsys.readouterr().err == "ttlib datasets: error: dataset x is damaged: build it again\n"
 
 
 # ---- one path from a config to options and back --------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from ttlib.cli.main import main
 from ttlib.data.examples.pendulum_dataset import collect, write_dataset
-from ttlib.evaluation import ray_evaluation as distributed
+from ttlib.evaluation import ray_cluster
 from ttlib.training import data_parallel, ray_training
 from ttlib.training.checkpoints import read_checkpoint
 from ttlib.training.data_parallel import random_dataset
@@ -87,7 +87,7 @@ def test_on_a_ray_cluster_the_workers_make_the_parameters_of_one_process(one_pro
     data, one = one_process
     temp_dir = tempfile.mkdtemp(prefix="ttray-")  # short: Ray's socket paths must stay under 107 characters
     try:
-        ray_module, started = distributed.connect(num_cpus=2, temp_dir=temp_dir)
+        ray_module, started = ray_cluster.connect(num_cpus=2, temp_dir=temp_dir)
         address = ray_module.get_runtime_context().gcs_address
         two = data_parallel.train(TrainConfig.from_settings(EXACT), out=str(tmp_path / "two.pt"), data=data,
                                   workers=2, launch=ray_training.on_cluster(address), dtype=torch.float64,

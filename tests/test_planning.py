@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.bench.flops import plan_flops
 from ttlib.planning import beam as planning
 from ttlib.planning.beam import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
 from ttlib.planning.fast_decoder import BufferPool, FusedDecoder, min_slots

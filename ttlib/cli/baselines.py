@@ -12,9 +12,11 @@ so the same command gives the same policy on the same machine.
 
 from __future__ import annotations
 
-import json
+from ttlib.cli.options import add_config_options, given, given_options, option
+from ttlib.errors import ConfigError
 
-from ttlib.cli.options import add_config_options, config_from, given, given_options, option
+__all__ = ["BASELINES", "POLICY_NAMES", "add_baseline_options", "check_evaluate_args", "cmd_train_policy",
+           "policy_options"]
 
 BASELINES = ("bc", "iql")
 POLICY_NAMES = {"seed": ("--train-seed",)}  # in `ttlib evaluate`, whose --seed is the first episode's
@@ -34,72 +36,31 @@ def add_baseline_options(p, evaluate: bool) -> None:
         add_config_options(group, {"bc/iql": PolicyConfig()}, skip=("kind",), names=POLICY_NAMES)
 
 
-def policy_config(args, kind: str, names: dict | None = None):
-    """The baseline's PolicyConfig as the options say (`names`: POLICY_NAMES in `ttlib evaluate`)."""
-    from ttlib.agents.baselines import BaselineError, PolicyConfig
+def policy_options(args, kind: str, names: dict | None = None) -> dict:
+    """The baseline's PolicyConfig fields given on the command line (`names`: POLICY_NAMES in `ttlib evaluate`);
+    IQL's advantage weights are refused for bc."""
+    from ttlib.agents.baselines import PolicyConfig
 
-    config = config_from(args, PolicyConfig(kind=kind), names)
-    weights = [option(n, names) for n in ("beta", "max_weight") if n in given(args, config, names)]
+    options = given(args, PolicyConfig(), names)
+    weights = [option(n, names) for n in ("beta", "max_weight") if n in options]
     if weights and kind != "iql":
         verb = "weighs" if len(weights) == 1 else "weigh"
-        raise BaselineError(f"{' and '.join(weights)} {verb} IQL's advantages: for --model iql only")
-    config.validate()
-    return config
-
-
-def _critic_for(args, dataset_id: str):
-    """The critic IQL's policy is extracted from: --critic's, or the shipped checkpoint's if it is of this data."""
-    from ttlib.agents.baselines import BaselineError
-    from ttlib.agents.critic import load_critic
-    from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
-
-    path = args.critic
-    if path is None:
-        path = default_checkpoint()
-        if read_checkpoint(path)["dataset"]["id"] != dataset_id:
-            raise BaselineError(f"--model iql on {dataset_id}: give --critic CKPT, a checkpoint with a critic "
-                                "of that dataset (`ttlib train --dataset ... --out CKPT` then `ttlib train-critic "
-                                "--checkpoint CKPT`); the shipped one's is of the course dataset")
-    payload = read_checkpoint(path, kind=None)
-    if payload["dataset"]["id"] != dataset_id:
-        raise BaselineError(f"the critic in {path} was trained on {payload['dataset']['id']}, not {dataset_id}")
-    critic = load_critic(path, device="cpu", payload=payload)
-    if critic is None:
-        raise BaselineError(f"{path} holds no critic: add one with `ttlib train-critic --checkpoint {path}`")
-    return critic
-
-
-def trained_policy(config, args, dataset_id: str, progress: bool = True):
-    """-> (policy, config, the dataset's summary, history): a baseline trained with this PolicyConfig (IQL's
-    critic: --critic's)."""
-    from ttlib.agents.baselines import train_policy
-    from ttlib.data import trajectories as ttdata
-    from ttlib.training.checkpoints import dataset_summary
-
-    critic = _critic_for(args, dataset_id) if config.kind == "iql" else None  # before the data: fails fast
-    data = ttdata.load(dataset_id, progress=progress)
-    policy, history = train_policy(data, config, critic=critic, progress=progress)
-    return policy, config, dataset_summary(data), history
+        raise ConfigError(f"{' and '.join(weights)} {verb} IQL's advantages: for --model iql only")
+    return options
 
 
 def cmd_train_policy(args) -> None:
     """`ttlib train --model bc|iql --out CKPT`."""
-    from ttlib.agents.baselines import save_policy
+    from ttlib.agents.baselines import PolicyConfig, save_policy, trained_policy
 
     if args.resume or args.export:
-        raise ValueError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
-    policy, config, info, history = trained_policy(policy_config(args, args.model), args,
-                                                   args.dataset or _default_dataset())
+        raise ConfigError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
+    config = PolicyConfig(**{**policy_options(args, args.model), "kind": args.model})
+    policy, config, info, history = trained_policy(config, args.dataset, args.critic)
     save_policy(args.out, policy, config, info, history)
     print(f"{config.name}: {history['episodes']} episodes ({history['transitions']} transitions, returns from "
           f"{history['lowest_return_kept']:.1f}), {config.steps} steps in {history['seconds']:.0f} s, last loss "
           f"{history['losses'][-1]:.4f}; checkpoint {args.out}")
-
-
-def _default_dataset() -> str:
-    from ttlib.data.trajectories import DEFAULT_DATASET
-
-    return DEFAULT_DATASET
 
 
 def check_evaluate_args(args, planning: list[str]) -> None:
@@ -113,45 +74,12 @@ def check_evaluate_args(args, planning: list[str]) -> None:
         others = planning + [name for name, value in (("--workers", args.workers),
                                                       ("--target-return", args.target_return)) if value is not None]
         if others:
-            raise ValueError(f"--model {args.model} acts without planning, in one process: leave out "
-                             f"{', '.join(others)}")
+            raise ConfigError(f"--model {args.model} acts without planning, in one process: leave out "
+                              f"{', '.join(others)}")
         if args.checkpoint and training:
-            raise ValueError(f"{', '.join(training)} say how to train a baseline; a --checkpoint holds one trained "
-                             "already")
+            raise ConfigError(f"{', '.join(training)} say how to train a baseline; a --checkpoint holds one trained "
+                              "already")
     elif training:
-        raise ValueError(f"{', '.join(training)}: for the baselines only (--model bc or iql)")
+        raise ConfigError(f"{', '.join(training)}: for the baselines only (--model bc or iql)")
     elif args.model == "dt" and planning:
-        raise ValueError(f"--model dt acts without planning: leave out {', '.join(planning)}")
-
-
-def cmd_evaluate_policy(args, env_for) -> None:
-    """`ttlib evaluate --model bc|iql`: a checkpoint's policy, or one trained now, played on the seeds in the
-    environment env_for(args, dataset info) names (cli_evaluate's, as for every agent)."""
-    from ttlib.agents.baselines import evaluate, load_policy
-
-    if args.checkpoint:
-        policy, config, payload = load_policy(args.checkpoint)
-        info, trained = payload["dataset"], "checkpoint " + args.checkpoint
-        if config.kind != args.model:
-            raise ValueError(f"{args.checkpoint} holds a {config.kind} policy, not {args.model}")
-    else:
-        policy, config, info, history = trained_policy(policy_config(args, args.model, POLICY_NAMES), args,
-                                                       args.dataset or _default_dataset(), progress=not args.json)
-        trained = f"trained now in {history['seconds']:.0f} s on {history['episodes']} episodes"
-    env_id, env_kwargs = env_for(args, info)
-    seeds = list(range(args.seed, args.seed + args.episodes))
-    result = evaluate(policy, env_id, seeds, env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
-                      max_steps=args.max_steps, record=args.video is not None, progress=not args.json)
-    report = {"model": args.model, "agent": config.name, "dataset": info["id"], **result.return_stats(),
-              "returns": result.returns.tolist(), "steps": result.steps, "seconds": result.seconds,
-              "dataset_mean_return": info["mean_return"],
-              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert")}
-    if args.video:
-        from ttlib.evaluation.rollout import save_video
-
-        report["video"] = save_video(result.frames, args.video)
-    if args.json:
-        print(json.dumps(report))
-        return
-    print(f"{config.name} ({trained}): {result.summary()}")
-    print(f"dataset {info['id']}: mean return {info['mean_return']:.1f}")
+        raise ConfigError(f"--model dt acts without planning: leave out {', '.join(planning)}")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from ttlib.cli.baselines import add_baseline_options
 from ttlib.cli.options import add_config_options, config_from, given_options
+from ttlib.errors import ConfigError
+
+__all__ = ["CRITIC_SKIP", "TRAIN_SKIP", "add_train", "add_train_critic", "train_configs", "where_to_resume",
+           "which_arg"]
 
 TRAIN_SKIP = ("obs_dim", "act_dim", "action_low", "action_high", "kind")  # the data's (train.FROM_DATA); --model
 
@@ -25,7 +29,7 @@ def _refuse_others(args, whose: str, allowed=()) -> None:
     if others:
         owners = [f"{name} is for --model " + "/".join(who for who, config in configs.items()
                                                       if name in given_options(args, [config])) for name in others]
-        raise ValueError(f"--model {args.model} has no option {', '.join(others)} ({'; '.join(owners)})")
+        raise ConfigError(f"--model {args.model} has no option {', '.join(others)} ({'; '.join(owners)})")
 
 
 def _cmd_train(args):
@@ -33,14 +37,14 @@ def _cmd_train(args):
 
     if args.model == "dt":
         if args.workers != 1 or args.ray is not None:
-            raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
-                             "process (leave them out with --model dt)")
+            raise ConfigError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
+                              "process (leave them out with --model dt)")
         return _cmd_train_dt(args)
     if args.model in ("bc", "iql"):
         return _cmd_train_baseline(args)
     if args.critic is not None or args.beta is not None:
-        raise ValueError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
-                         "train-critic`)")
+        raise ConfigError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
+                          "train-critic`)")
     _refuse_others(args, "tt")
     config = config_from(args, _resumed_config(args, TrainConfig(), "trajectory-gpt"))
     parallel = args.workers != 1 or args.ray is not None
@@ -171,7 +175,8 @@ def where_to_resume(args) -> str:
     """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
     if args.command != "train":
         return ""
-    from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+    from ttlib.training.checkpoint_files import CheckpointError
+    from ttlib.training.checkpoints import read_checkpoint
 
     try:
         step = read_checkpoint(args.out, kind=None)["step"]

@@ -15,3 +15,5 @@
 
 A learner's code never imports this package; a submission that does is flagged (scan).
 """
+
+__all__: list[str] = []

@@ -22,6 +22,8 @@ from traitlets import Bool, Float, Integer, List, Unicode
 from ttlib.grading.nbrun import poll_shell_in_steps
 from ttlib.grading.output import OutputCap, mib, reads_as_score
 
+__all__ = ["BoundedExecute", "Budgets", "SandboxedKernelManager", "budgets", "error_output", "memory_limit"]
+
 
 # ---- autograde: a bounded, contained run per submission ----------------------------------------------------------
 def _gib(n_bytes: float) -> str:

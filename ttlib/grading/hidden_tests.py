@@ -30,7 +30,7 @@ import nbformat
 from ttlib.exercises import find
 from ttlib.exercises.hidden import judge_records
 
-__all__ = ["HiddenRun", "hidden_exercises", "run_hidden", "apply_verdicts", "judge"]
+__all__ = ["HiddenRun", "IdleClock", "apply_verdicts", "hidden_exercises", "judge", "run_hidden"]
 
 
 @dataclass

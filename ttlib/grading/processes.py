@@ -29,6 +29,9 @@ import time
 
 from ttlib.grading.linux import IDLE_CLOCK, LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
 
+__all__ = ["Limits", "Usage", "Watchdog", "adopt_orphans", "busy_threads", "children_of", "descendants", "end_orphans",
+           "end_tree", "is_alive", "own_children", "own_memory", "signal_all", "started", "tree_usage"]
+
 
 # ---- a process tree: what it uses, and ending it ------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,8 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rfind(")") + 2:].split()
 
 
-def _children_of(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
+    """The pids of `pid`'s direct children (every thread's), from /proc."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -80,10 +84,10 @@ def descendants(pid: int) -> list[int]:
         except psutil.Error:
             return []
     if _HAS_CHILDREN_FILE:
-        out, todo = [], _children_of(pid)
+        out, todo = [], children_of(pid)
         while todo:
             out += todo
-            todo = [c for p in todo for c in _children_of(p)]
+            todo = [c for p in todo for c in children_of(p)]
         return out
     parents: dict[int, list[int]] = {}  # no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN): read every stat
     for name in os.listdir("/proc"):
@@ -155,7 +159,8 @@ def busy_threads(pids) -> dict[int, float]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
+    """Is `pid` running (a zombie is not)?"""
     fields = _stat(pid) if LINUX else None
     if LINUX:
         return fields is not None and fields[0] not in "ZX"
@@ -166,7 +171,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _signal(pids, sig) -> None:
+def signal_all(pids, sig) -> None:
+    """Send `sig` to every pid that is still there."""
     for p in pids:
         try:
             os.kill(p, sig)
@@ -188,17 +194,17 @@ def end_tree(pid: int, grace: float = 0.0, start: int | None = None) -> None:
     if start is not None and started(pid) != start:
         return
     if grace > 0:
-        _signal([pid, *descendants(pid)], signal.SIGTERM)
+        signal_all([pid, *descendants(pid)], signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and (_alive(pid) or any(_alive(p) for p in descendants(pid))):
+        while time.monotonic() < deadline and (is_alive(pid) or any(is_alive(p) for p in descendants(pid))):
             time.sleep(0.02)
     for _ in range(200):
-        alive = [p for p in descendants(pid) if _alive(p)]
+        alive = [p for p in descendants(pid) if is_alive(p)]
         if not alive:
             break
-        _signal(alive, signal.SIGKILL)
+        signal_all(alive, signal.SIGKILL)
         time.sleep(0.005)
-    _signal([pid], signal.SIGKILL)
+    signal_all([pid], signal.SIGKILL)
 
 
 def adopt_orphans() -> bool:
@@ -219,7 +225,7 @@ def end_orphans(keep: set[int]) -> list[int]:
     if not LINUX:
         return []
     me = os.getpid()
-    strays = [p for p in _children_of(me) if p not in keep]
+    strays = [p for p in children_of(me) if p not in keep]
     for p in strays:
         end_tree(p)
     for p in strays:
@@ -244,7 +250,7 @@ def own_memory() -> int:
 
 
 def own_children() -> set[int]:
-    return set(_children_of(os.getpid())) if LINUX else set()
+    return set(children_of(os.getpid())) if LINUX else set()
 
 
 # ---- limits, and the thread that holds a tree to them --------------------------------------------------------------

@@ -98,6 +98,10 @@ from ttlib.grading.processes import (  # noqa: F401 (as above)
     tree_usage,
 )
 
+__all__ = ["Capabilities", "LINUX", "Limits", "Result", "SYSTEM_READ", "Sandbox", "Usage", "Watchdog", "adopt_orphans",
+           "capabilities", "descendants", "end_orphans", "end_tree", "own_children", "own_memory", "run", "started",
+           "tree_usage", "ttlib_paths"]
+
 
 # ---- a sandbox: its folders, its command line, its environment -----------------------------------------------------
 def _python_paths() -> list[str]:

@@ -27,6 +27,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+__all__ = ["CARRIED_ENV", "Graded", "Shared", "captured_log", "carried_env", "grade_one", "template_gradebook"]
+
+
 # nbgrader's own SQLAlchemy warning each time it makes a submission in a fresh gradebook (as every worker's is)
 warnings.filterwarnings("ignore", message=".*not in session, add operation along.*")
 # the settings of a run that travel with it (the limits' overrides, fast mode, a sandbox guarantee turned off)
@@ -122,7 +125,7 @@ def grade_one(shared: Shared, student: str, files: dict[str, bytes], crash: tupl
         app = Autograde(coursedir=coursedir, config=config)
         app.force = True
         error = None
-        with _captured(app.log) as log:
+        with captured_log(app.log) as log:
             try:
                 app.start()
             except Exception as e:  # nbgrader logged what went wrong; its message says where to look
@@ -156,7 +159,7 @@ def _settings(env: dict[str, str]):
 
 
 @contextlib.contextmanager
-def _captured(logger: logging.Logger):
+def captured_log(logger: logging.Logger):
     """The records `logger` (and nbgrader's steps, which log through it) emits meanwhile, as lines."""
     lines: list[str] = []
 

@@ -25,7 +25,9 @@ from ttlib.grading.linux import (
     prctl,
     private_mounts,
 )
-from ttlib.grading.processes import _alive, _signal, descendants
+from ttlib.grading.processes import descendants, is_alive, signal_all
+
+__all__ = ["SYSTEM_WRITE_FILES", "main"]
 
 SYSTEM_WRITE_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 
@@ -116,7 +118,7 @@ def _end_all(root_pid: int, grace: float, in_namespace: bool, pump: _Pump | None
     kill(-1) reaches every other process of the namespace; otherwise walk the tree (this process is a subreaper:
     nothing started below it can leave it)."""
     def alive_below():
-        return [p for p in descendants(root_pid) if _alive(p)]
+        return [p for p in descendants(root_pid) if is_alive(p)]
 
     def reap() -> bool:  # False once no child is left
         try:
@@ -135,13 +137,13 @@ def _end_all(root_pid: int, grace: float, in_namespace: bool, pump: _Pump | None
             except OSError:
                 pass
         else:
-            _signal(alive_below(), sig)
+            signal_all(alive_below(), sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not reap() or not (in_namespace or alive_below()):
                 break
             if not in_namespace and sig == signal.SIGKILL:
-                _signal(alive_below(), sig)  # whatever forked meanwhile
+                signal_all(alive_below(), sig)  # whatever forked meanwhile
             pump.step(0.02) if pump else time.sleep(0.02)
     reap()
 
@@ -219,11 +221,11 @@ def _wrapper(args) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         code = 128 + signal.SIGTERM
         if args.namespaces:  # its init ends the namespace's processes, or dies with all of them
-            _signal([first], signal.SIGTERM)
+            signal_all([first], signal.SIGTERM)
             deadline = time.monotonic() + args.grace + 2.5
-            while _alive(first) and time.monotonic() < deadline:
+            while is_alive(first) and time.monotonic() < deadline:
                 pump.step(0.02)
-            _signal([first], signal.SIGKILL)
+            signal_all([first], signal.SIGKILL)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _end_all(me, 0.0 if args.namespaces else args.grace, False, pump)
     pump.drain(1.0)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ttlib.agents.critic import Critic
+from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.gpt import TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.fast_decoder import BufferPool, FusedDecoder
@@ -41,7 +42,11 @@ from ttlib.planning.search import Plan, best_children, counter_uniform, decode_p
 from ttlib.planning.static_decoder import static_plan
 from ttlib.planning.triton_step import TritonPlanner
 
-__all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
+__all__ = ["AUTO_ON_CPU", "AUTO_ON_CUDA", "Beams", "CACHES", "CachedDecoder", "Plan", "PlannerConfig",
+           "RecomputeDecoder", "VALUES", "beam_plan", "best_children", "check_critic", "check_fits", "counter_uniform",
+           "course_planner", "critic_planner", "current_states", "decode_plan", "decoded", "decoder_for",
+           "imitation_planner", "logits_along", "plan_score", "sample_bins", "score_actions", "search_beams",
+           "static_planner_class", "static_search", "token_name", "tokens_fed"]
 
 
 CACHES = ("auto", "fused", "readable", "static", "triton")  # PlannerConfig.cache (see static_search for "auto")
@@ -76,28 +81,28 @@ class PlannerConfig:
     def validate(self) -> None:
         for name in ("beam_width", "horizon", "sample_expand", "context"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_k_action is not None and self.top_k_action < 1:
-            raise ValueError(f"top_k_action must be >= 1 or None, got {self.top_k_action}")
+            raise ConfigError(f"top_k_action must be >= 1 or None, got {self.top_k_action}")
         if self.top_p_action is not None and not 0 < self.top_p_action <= 1:
-            raise ValueError(f"top_p_action must be in (0, 1] or None, got {self.top_p_action}")
+            raise ConfigError(f"top_p_action must be in (0, 1] or None, got {self.top_p_action}")
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.value_weight < 0:
-            raise ValueError(f"value_weight must be >= 0, got {self.value_weight}")
+            raise ConfigError(f"value_weight must be >= 0, got {self.value_weight}")
         if self.value not in VALUES:
-            raise ValueError(f"value must be one of {', '.join(map(repr, VALUES))}, got {self.value!r}")
+            raise ConfigError(f"value must be one of {', '.join(map(repr, VALUES))}, got {self.value!r}")
         if self.cache not in CACHES:
-            raise ValueError(f"cache must be one of {', '.join(map(repr, CACHES))}, got {self.cache!r}")
+            raise ConfigError(f"cache must be one of {', '.join(map(repr, CACHES))}, got {self.cache!r}")
         if not 0 < self.gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
 def check_critic(config: PlannerConfig, critic) -> None:
     """A planner that scores with a critic needs one: say so before any search starts."""
     if config.value == "critic" and critic is None:
-        raise ValueError("this planner scores with a critic (value='critic') but none was given: pass critic=, "
-                         "train one with `ttlib train-critic`, or plan with value='token'")
+        raise ConfigError("this planner scores with a critic (value='critic') but none was given: pass critic=, "
+                          "train one with `ttlib train-critic`, or plan with value='token'")
 
 
 def course_planner(**overrides) -> PlannerConfig:
@@ -199,8 +204,8 @@ def static_search(config: PlannerConfig, device: torch.device, trace=None, criti
     likelihood or a trace, it says so ("auto" then takes the fused decoder)."""
     other = critic is not None or trace is not None or config.value == "likelihood"
     if config.cache in ("static", "triton") and config.use_cache and other:
-        raise ValueError(f"the static search (cache={config.cache!r}) scores with the value token and keeps no "
-                         "trace: plan with cache='fused' for a critic, the likelihood or a search tree")
+        raise ConfigError(f"the static search (cache={config.cache!r}) scores with the value token and keeps no "
+                          "trace: plan with cache='fused' for a critic, the likelihood or a search tree")
     on_cuda = kept and config.cuda_graphs
     auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
     return config.use_cache and (config.cache in ("static", "triton") or auto) and not other
@@ -271,8 +276,8 @@ def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
     """A context of C transitions plus a horizon of H must fit the model's window: C + H - 1 <= n_transitions."""
     n = model.config.n_transitions
     if context + horizon - 1 > n:
-        raise ValueError(f"context ({context}) + horizon ({horizon}) - 1 = {context + horizon - 1} transitions "
-                         f"do not fit the model's window of {n} transitions; lower context or horizon")
+        raise MismatchError(f"context ({context}) + horizon ({horizon}) - 1 = {context + horizon - 1} transitions "
+                            f"do not fit the model's window of {n} transitions; lower context or horizon")
 
 
 def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
@@ -296,7 +301,7 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     was_training = model.training
     model.eval()
     try:
-        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace,
+        return search_beams(model, tokenizer, prefix, keys, config, buffers, trace,
                           critic if config.value == "critic" else None, observation)
     finally:
         model.train(was_training)
@@ -306,11 +311,11 @@ def _check_prefix(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: 
     c = model.config
     O, A, td = c.obs_dim, c.act_dim, c.transition_dim
     if (tokenizer.obs_dim, tokenizer.act_dim) != (O, A):
-        raise ValueError(f"tokenizer is for obs {tokenizer.obs_dim}/act {tokenizer.act_dim} but the model for "
-                         f"obs {O}/act {A}")
+        raise MismatchError(f"tokenizer is for obs {tokenizer.obs_dim}/act {tokenizer.act_dim} but the model for "
+                            f"obs {O}/act {A}")
     if prefix.shape[1] % td != O:
-        raise ValueError(f"the context must be whole transitions followed by one observation ({O} tokens), "
-                         f"got {prefix.shape[1]} tokens with transition_dim {td}")
+        raise MismatchError(f"the context must be whole transitions followed by one observation ({O} tokens), "
+                            f"got {prefix.shape[1]} tokens with transition_dim {td}")
     check_fits(model, prefix.shape[1] // td + 1, horizon)
 
 
@@ -355,7 +360,8 @@ def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, ac
 
 
 @torch.inference_mode()
-def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+    """The search itself, without autograd (see beam_plan, which calls it with the model in evaluation mode)."""
     config.validate()
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
@@ -429,7 +435,7 @@ def current_states(tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, observa
         return decoded(tokenizer, prefix[:, -O:], slice(0, O))
     observation = torch.as_tensor(observation, dtype=torch.float32).to(prefix.device)
     if observation.shape != (E, O):
-        raise ValueError(f"observation must be (environments, obs_dim) = ({E}, {O}), got {tuple(observation.shape)}")
+        raise MismatchError(f"observation must be (environments, obs_dim) = ({E}, {O}), got {tuple(observation.shape)}")
     return observation
 
 

@@ -36,13 +36,16 @@ import torch.distributed as dist
 
 from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import ConfigError, TTLibError
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.checkpoints import check_resume, pick_device, read_checkpoint
 from ttlib.training.train import Shard, TrainConfig, TrainingError, TrainResult, fit_recipe, kind_sums, load_and_split
 from ttlib.training.train import train as train_one
 
-__all__ = ["shard_objective", "shard_sums", "Worker", "train", "worker_main"]
+__all__ = ["Run", "Worker", "all_reduce_sum", "bench", "check_workers", "failure_message", "file_identity",
+           "join_group", "launch_here", "portable", "random_dataset", "resume_point", "shard_objective", "shard_sums",
+           "train", "worker_main"]
 
 
 # ---- the piece that makes slices add up -------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def worker_main(run: Run, device_type: str) -> dict | None:
         resumed_from = read_checkpoint(go_on_from)["step"] if go_on_from is not None and rank == 0 else None
         result = train_one(run.config, out=run.out, resume=go_on_from, data=run.data, progress=run.progress,
                            dtype=run.dtype, shard=Worker(rank, world_size, device, objective or shard_objective))
-    except ValueError as error:  # TrainingError, CheckpointError, DatasetError among them
+    except TTLibError as error:  # TrainingError, CheckpointError, DatasetError among them: not a bug
         return {"error": error} if rank == 0 else None
     finally:
         dist.destroy_process_group()
@@ -215,13 +218,13 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
 def check_workers(workers: int, batch_size: int, device_type: str, local: bool = True) -> None:
     """A clear error for a run that cannot be split: no workers, fewer windows than workers, too few GPUs."""
     if workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {workers}")
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
     if batch_size < workers:
-        raise ValueError(f"a batch of {batch_size} windows cannot be split over {workers} workers: give every "
-                         f"worker at least one (--batch-size {workers} or more, or fewer --workers)")
+        raise ConfigError(f"a batch of {batch_size} windows cannot be split over {workers} workers: give every "
+                          f"worker at least one (--batch-size {workers} or more, or fewer --workers)")
     if local and device_type == "cuda" and torch.cuda.device_count() < workers:
-        raise ValueError(f"{workers} workers on the GPU need {workers} GPUs (one each); this machine has "
-                         f"{torch.cuda.device_count()}: use fewer --workers, or --device cpu")
+        raise ConfigError(f"{workers} workers on the GPU need {workers} GPUs (one each); this machine has "
+                          f"{torch.cuda.device_count()}: use fewer --workers, or --device cpu")
 
 
 def portable(function: Callable | None):
