@@ -12,6 +12,7 @@ from test_cli import ttlib  # tests/ is on sys.path
 from ttlib.agents import baselines
 from ttlib.agents.baselines import BaselineError, MLPPolicy, PolicyConfig, best_episodes
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import ConfigError
 from ttlib.evaluation import rollout
 from ttlib.training import checkpoints, train
 from ttlib.training.checkpoint_files import CheckpointError
@@ -204,7 +205,7 @@ def test_train_and_evaluate_a_baseline_from_the_command_line(minari_root, tmp_pa
     (["evaluate", "--model", "bc", "--beam-width", "4"], "--model bc acts without planning"),
     (["evaluate", "--model", "iql", "--workers", "2"], "leave out --workers"),
     (["evaluate", "--model", "bc", "--top-percent", "0"], "top_percent must be a percentage in (0, 100]"),
-    (["evaluate", "--top-percent", "25"], "are for the baselines (--model bc or iql)"),
+    (["evaluate", "--top-percent", "25"], "--top-percent: for the baselines only (--model bc or iql)"),
     (["evaluate", "--model", "bc", "--beta", "3"], "--beta weighs IQL's advantages"),
     (["evaluate", "--model", "iql", "--dataset", ttdata.HALFCHEETAH_DATASET], "give --critic CKPT"),
     (["train", "--model", "bc", "--n-layer", "2", "--out", "x.pt"], "--model bc has no option --n-layer"),
@@ -261,6 +262,9 @@ def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     assert planner(top_percent=25.0, critic=object()).value == "critic"
     assert planner(value="token", top_percent=25.0).value == "token"
     assert planner(value="likelihood", beam_width=8).beam_width == 8
+    assert planner(top_k_action=0).top_k_action is None and planner(top_k_action=5).top_k_action == 5  # --top-k 0
+    with pytest.raises(ConfigError, match="no setting top_k: the settings are PlannerConfig's fields"):
+        planner(top_k=5)
 
 
 def test_the_course_baseline_recorded_beside_an_agent_with_its_caption():

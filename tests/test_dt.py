@@ -178,7 +178,8 @@ def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
         (("evaluate", "--model", "tt", "--checkpoint", ckpt), "not a 'trajectory-gpt'"),
         (("evaluate", "--target-return", "100", "--episodes", "1"), "--target-return is for Decision"),
         (("train", "--model", "dt", "--out", ckpt, "--n-bins", "10"), "--model dt has no option --n-bins"),
-        (("train", "--out", ckpt, "--context", "10"), "are Decision Transformer options"),
+        (("train", "--out", ckpt, "--context", "10"), "--model tt has no option --context (--context is for --model "
+                                                      "dt)"),
     ]:
         assert main(list(args)) == 2, args
         stderr = capsys.readouterr().err

@@ -218,25 +218,17 @@ def train_policy(data: ttdata.OfflineDataset, config: PolicyConfig | None = None
     return policy.eval(), history
 
 
-def trained_policy(kind: str, dataset_id: str | None = None, top_percent: float | None = None,
-                   beta: float | None = None, critic: str | None = None, steps: int | None = None, seed: int = 0,
+def trained_policy(config: PolicyConfig, dataset_id: str | None = None, critic: str | None = None,
                    progress: bool = True):
-    """-> (policy, config, the dataset's summary, history): a baseline of `kind` trained now, as `ttlib train
+    """-> (policy, config, the dataset's summary, history): a baseline trained now with `config`, as `ttlib train
     --model bc|iql` and `ttlib evaluate --model bc|iql` (without a checkpoint) ask, on `dataset_id` (default: the
     course dataset). `critic`: a checkpoint holding the critic IQL's policy is extracted from (default: the shipped
     checkpoint's, for the course dataset)."""
     from ttlib.training.checkpoints import dataset_summary
 
     dataset_id = dataset_id or ttdata.DEFAULT_DATASET
-    config = PolicyConfig(kind=kind, seed=seed, top_percent=100.0 if top_percent is None else top_percent)
-    if beta is not None:
-        if kind != "iql":
-            raise BaselineError("--beta weighs IQL's advantages: it is for --model iql")
-        config.beta = beta
-    if steps is not None:
-        config.steps = steps
     config.validate()
-    extractor = critic_for(critic, dataset_id) if kind == "iql" else None  # before the data: fails fast
+    extractor = critic_for(critic, dataset_id) if config.kind == "iql" else None  # before the data: fails fast
     data = ttdata.load(dataset_id, progress=progress)
     policy, history = train_policy(data, config, critic=extractor, progress=progress)
     return policy, config, dataset_summary(data), history

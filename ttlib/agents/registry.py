@@ -44,35 +44,41 @@ def training_seconds(history) -> float | None:
     return history[-1].get("seconds") if history else None
 
 
+def _check_settings(settings: dict, config_class, fixed=()) -> None:
+    """Settings given by name are fields of `config_class` (but the `fixed` ones), or a ConfigError names them."""
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(config_class)} | set(fixed) & set(settings))
+    if unknown:
+        raise ConfigError(f"no setting {', '.join(unknown)}: the settings are {config_class.__name__}'s fields"
+                          + (f" but {', '.join(fixed)}" if fixed else ""))
+
+
 # ---- the Trajectory Transformer's planner ---------------------------------------------------------------------
 def planner_for(critic, payload: dict | None = None, value: str | None = None, **overrides) -> PlannerConfig:
     """The planner a checkpoint plays with: `critic_planner()` when scoring with its critic (value="critic", the
     default when it has one), `imitation_planner()` for value="likelihood" (the default for a model trained on the
     best episodes only, --top-percent), else `course_planner()`; `overrides` (PlannerConfig fields) change single
-    settings."""
+    settings, top_k_action=0 meaning all bins (as `ttlib evaluate --top-k 0`)."""
     imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
     value = value or ("critic" if critic is not None else "likelihood" if imitates else "token")
     if value == "critic" and critic is None:
         raise ConfigError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
-                         "--checkpoint PATH`, or plan with --value token")
-    planner = {"critic": critic_planner, "likelihood": imitation_planner, "token": course_planner}[value]
-    return planner(**overrides)
+                          "--checkpoint PATH`, or plan with --value token")
+    _check_settings(overrides, PlannerConfig)
+    if overrides.get("top_k_action") == 0:
+        overrides["top_k_action"] = None  # all bins
+    preset = {"critic": critic_planner, "likelihood": imitation_planner}.get(value, course_planner)
+    planner = preset(**overrides, value=value)
+    planner.validate()  # a value of none of the presets among the rest
+    return planner
 
 
-def load_tt(checkpoint: str | None = None, device: str = "auto", which: str = "best", value: str | None = None,
-            beam_width: int | None = None, horizon: int | None = None, expand: int | None = None,
-            context: int | None = None, top_k: int | None = None, top_p: float | None = None) -> Loaded:
+def load_tt(checkpoint: str | None = None, device: str = "auto", which: str = "best", **planner) -> Loaded:
     """The planner on a Trajectory GPT checkpoint (default: the shipped one) and its critic, if it has one.
-    top_k=0: sample actions from all bins."""
+    `planner`: PlannerConfig fields, `value` choosing the preset the others change (planner_for)."""
     path = checkpoint or default_checkpoint()
     model, tokenizer, payload = load_checkpoint(path, device=device, which=which)
     critic = load_critic(path, device=device, payload=payload)
-    given = {"beam_width": beam_width, "horizon": horizon, "sample_expand": expand, "context": context,
-             "top_k_action": top_k, "top_p_action": top_p}
-    overrides = {name: setting for name, setting in given.items() if setting is not None}
-    if overrides.get("top_k_action") == 0:
-        overrides["top_k_action"] = None  # all bins
-    planner = planner_for(critic, payload, value, **overrides)
+    planner = planner_for(critic, payload, **planner)
     weights = weights_info(payload, which)
     notes = ["planned with the value token: this checkpoint has no critic (`ttlib train-critic` adds one)"] \
         if planner.value == "token" and critic is None else []
@@ -97,19 +103,23 @@ def load_dt(checkpoint: str | None = None, device: str = "auto", which: str = "b
 
 
 # ---- the baselines ---------------------------------------------------------------------------------------------
-def load_baseline(kind: str, checkpoint: str | None = None, top_percent: float | None = None,
-                  dataset: str | None = None, critic: str | None = None, beta: float | None = None,
-                  train_seed: int = 0, progress: bool = True) -> Loaded:
+def load_baseline(kind: str, checkpoint: str | None = None, dataset: str | None = None, critic: str | None = None,
+                  progress: bool = True, **settings) -> Loaded:
     """A baseline policy of `kind` ("bc" or "iql"): a checkpoint's, or (without one) trained now in seconds on
-    `dataset` (default: the course dataset), from the best `top_percent` of its episodes, with seed `train_seed`."""
+    `dataset` (default: the course dataset) with `settings` (PolicyConfig fields but kind: top_percent, seed, beta,
+    ...)."""
     if checkpoint:
+        if settings:
+            raise ConfigError(f"{', '.join(sorted(settings))} say how to train a baseline; {checkpoint} holds one "
+                              "trained already")
         policy, config, payload = baselines.load_policy(checkpoint)
         info, trained, history = payload["dataset"], "checkpoint " + checkpoint, payload.get("history")
         if config.kind != kind:
             raise MismatchError(f"{checkpoint} holds a {config.kind} policy, not {kind}")
     else:
-        policy, config, info, history = baselines.trained_policy(kind, dataset, top_percent, beta, critic,
-                                                                 seed=train_seed, progress=progress)
+        _check_settings(settings, baselines.PolicyConfig, fixed={"kind"})
+        policy, config, info, history = baselines.trained_policy(baselines.PolicyConfig(**settings, kind=kind),
+                                                                 dataset, critic, progress=progress)
         trained = f"trained now in {history['seconds']:.0f} s on {history['episodes']} episodes"
     return Loaded(policy, info, f"{config.name} ({trained})",
                   {"model": kind, "agent": config.name, "dataset": info["id"]},
@@ -144,8 +154,10 @@ def load(name: str, **options) -> Loaded:
 
 
 def options_of(name: str) -> list[str]:
-    """The options agent `name`'s loader takes."""
-    return [p for p in inspect.signature(AGENTS[name].load).parameters]
+    """The options agent `name`'s loader takes by name (besides its config's fields: the planner's PlannerConfig,
+    a baseline's PolicyConfig)."""
+    parameters = inspect.signature(AGENTS[name].load).parameters.values()
+    return [p.name for p in parameters if p.kind is not p.VAR_KEYWORD]
 
 
 def name_of(checkpoint: str) -> str:

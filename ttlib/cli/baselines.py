@@ -12,54 +12,74 @@ so the same command gives the same policy on the same machine.
 
 from __future__ import annotations
 
+from ttlib.cli.options import add_config_options, given, given_options, option
 from ttlib.errors import ConfigError
 
-__all__ = ["BASELINES", "add_baseline_options", "check_evaluate_args", "cmd_train_policy"]
+__all__ = ["BASELINES", "POLICY_NAMES", "add_baseline_options", "check_evaluate_args", "cmd_train_policy",
+           "policy_options"]
 
 BASELINES = ("bc", "iql")
+POLICY_NAMES = {"seed": ("--train-seed",)}  # in `ttlib evaluate`, whose --seed is the first episode's
 
 
 def add_baseline_options(p, evaluate: bool) -> None:
-    """The options the baselines add to `ttlib train` (evaluate=False) or `ttlib evaluate`."""
+    """The options the baselines add to `ttlib train` (evaluate=False: PolicyConfig's fields are among its
+    train_configs) or `ttlib evaluate`."""
     p.add_argument("--critic", default=None, help="iql: a checkpoint holding the critic to extract the policy "
                    "from (`ttlib train-critic`; default: the shipped checkpoint's, for the course dataset)")
-    p.add_argument("--beta", type=float, default=None, help="iql: inverse temperature of the advantage weights "
-                   "(default 1.0)")
-    if evaluate:  # `ttlib train` has --top-percent and --dataset already (train.RunConfig)
-        p.add_argument("--top-percent", type=float, default=None, help="bc, iql: learn from the best PERCENT of "
-                       "the episodes by return (default 100: all; %%BC: e.g. 25)")
-        p.add_argument("--dataset", default=None, help="bc, iql without --checkpoint: the dataset to learn from "
-                       "(default: the course dataset)")
-        p.add_argument("--train-seed", type=int, default=0, help="bc, iql without --checkpoint: the seed of the "
-                       "policy's weights and batches")
+    if evaluate:  # `ttlib train` has --dataset already (train.RunConfig)
+        from ttlib.agents.baselines import PolicyConfig
+
+        group = p.add_argument_group("a baseline trained now (--model bc or iql without --checkpoint)")
+        group.add_argument("--dataset", default=None, help="the dataset to learn from (default: the course "
+                           "dataset)")
+        add_config_options(group, {"bc/iql": PolicyConfig()}, skip=("kind",), names=POLICY_NAMES)
+
+
+def policy_options(args, kind: str, names: dict | None = None) -> dict:
+    """The baseline's PolicyConfig fields given on the command line (`names`: POLICY_NAMES in `ttlib evaluate`);
+    IQL's advantage weights are refused for bc."""
+    from ttlib.agents.baselines import PolicyConfig
+
+    options = given(args, PolicyConfig(), names)
+    weights = [option(n, names) for n in ("beta", "max_weight") if n in options]
+    if weights and kind != "iql":
+        verb = "weighs" if len(weights) == 1 else "weigh"
+        raise ConfigError(f"{' and '.join(weights)} {verb} IQL's advantages: for --model iql only")
+    return options
 
 
 def cmd_train_policy(args) -> None:
     """`ttlib train --model bc|iql --out CKPT`."""
-    from ttlib.agents.baselines import save_policy, trained_policy
+    from ttlib.agents.baselines import PolicyConfig, save_policy, trained_policy
 
     if args.resume or args.export:
         raise ConfigError(f"--model {args.model} trains in seconds: there is nothing to --resume or --export")
-    policy, config, info, history = trained_policy(args.model, args.dataset, args.top_percent,
-                                                   args.beta, args.critic, args.steps, args.seed or 0)
+    config = PolicyConfig(**{**policy_options(args, args.model), "kind": args.model})
+    policy, config, info, history = trained_policy(config, args.dataset, args.critic)
     save_policy(args.out, policy, config, info, history)
     print(f"{config.name}: {history['episodes']} episodes ({history['transitions']} transitions, returns from "
           f"{history['lowest_return_kept']:.1f}), {config.steps} steps in {history['seconds']:.0f} s, last loss "
           f"{history['losses'][-1]:.4f}; checkpoint {args.out}")
 
 
-def check_evaluate_args(args) -> None:
-    """Options that belong to other models are refused before anything is loaded."""
+def check_evaluate_args(args, planning: list[str]) -> None:
+    """Options that belong to other models are refused before anything is loaded (`planning`: the planner's options
+    given)."""
+    from ttlib.agents.baselines import PolicyConfig
+
+    training = sorted(given_options(args, [PolicyConfig()], POLICY_NAMES)) + [
+        name for name, value in (("--dataset", args.dataset), ("--critic", args.critic)) if value is not None]
     if args.model in BASELINES:
-        others = {"--workers": args.workers, "--target-return": args.target_return, "--value": args.value,
-                  "--beam-width": args.beam_width, "--horizon": args.horizon, "--expand": args.expand,
-                  "--top-k": args.top_k, "--top-p": args.top_p, "--context": args.context}
-        given = [name for name, value in others.items() if value is not None]
-        if given:
+        others = planning + [name for name, value in (("--workers", args.workers),
+                                                      ("--target-return", args.target_return)) if value is not None]
+        if others:
             raise ConfigError(f"--model {args.model} acts without planning, in one process: leave out "
-                              f"{', '.join(given)}")
-        if args.checkpoint and any(v is not None for v in (args.dataset, args.top_percent, args.critic, args.beta)):
-            raise ConfigError("--dataset, --top-percent, --critic and --beta say how to train a baseline; a "
-                              "--checkpoint holds one trained already")
-    elif any(v is not None for v in (args.top_percent, args.critic, args.dataset, args.beta)):
-        raise ConfigError("--top-percent, --critic, --beta and --dataset are for the baselines (--model bc or iql)")
+                              f"{', '.join(others)}")
+        if args.checkpoint and training:
+            raise ConfigError(f"{', '.join(training)} say how to train a baseline; a --checkpoint holds one trained "
+                              "already")
+    elif training:
+        raise ConfigError(f"{', '.join(training)}: for the baselines only (--model bc or iql)")
+    elif args.model == "dt" and planning:
+        raise ConfigError(f"--model dt acts without planning: leave out {', '.join(planning)}")

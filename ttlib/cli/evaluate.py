@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
-from ttlib.cli.baselines import add_baseline_options
+from ttlib.cli.baselines import BASELINES, POLICY_NAMES, add_baseline_options, check_evaluate_args, policy_options
+from ttlib.cli.options import add_config_options, given, given_options
 from ttlib.cli.train import which_arg
 from ttlib.errors import ConfigError
 
-__all__ = ["add_evaluate"]
+__all__ = ["PLANNER_NAMES", "add_evaluate"]
 
 
 def _env_for(args, info: dict) -> tuple[str, dict]:
@@ -62,20 +63,21 @@ def _agent_of(args) -> str:
 
 def _cmd_evaluate(args):
     from ttlib.agents import registry
-    from ttlib.cli.baselines import check_evaluate_args
     from ttlib.evaluation.rollout import check_episodes, play
+    from ttlib.planning.beam import PlannerConfig
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
     args.model = _agent_of(args)
-    check_evaluate_args(args)
+    check_evaluate_args(args, sorted(given_options(args, [PlannerConfig()], PLANNER_NAMES)))
     if args.model == "dt" and args.workers is not None:
         raise ConfigError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
-                         "acts in milliseconds, so evaluate it in one process (leave out --workers)")
+                          "acts in milliseconds, so evaluate it in one process (leave out --workers)")
     if args.model == "tt" and args.target_return is not None:
         raise ConfigError("--target-return is for Decision Transformer checkpoints (--model dt)")
     _check_distributed_args(args)
     options = {**vars(args), "progress": not args.json}
-    loaded = registry.load(args.model, **{name: options[name] for name in registry.options_of(args.model)})
+    loaded = registry.load(args.model, **{name: options[name] for name in registry.options_of(args.model)},
+                           **_config_options(args))
     info = loaded.dataset
     env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))
@@ -85,6 +87,16 @@ def _cmd_evaluate(args):
         result = play(loaded.agent, env_id, seeds, env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
                       max_steps=args.max_steps, record=args.video is not None, progress=not args.json)
     _report(args, loaded, result)
+
+
+def _config_options(args) -> dict:
+    """The fields of the agent's config given on the command line, for its loader: the planner's (PlannerConfig)
+    or a baseline's trained now (PolicyConfig)."""
+    from ttlib.planning.beam import PlannerConfig
+
+    if args.model == "tt":
+        return given(args, PlannerConfig(), PLANNER_NAMES)
+    return policy_options(args, args.model, POLICY_NAMES) if args.model in BASELINES else {}
 
 
 def _evaluate_on_ray(args, agent, env_id, env_kwargs, seeds):
@@ -158,20 +170,17 @@ def add_evaluate(sub) -> None:
     p.set_defaults(func=_cmd_evaluate)
 
 
+PLANNER_NAMES = {"sample_expand": ("--sample-expand", "--expand"), "top_k_action": ("--top-k-action", "--top-k"),
+                 "top_p_action": ("--top-p-action", "--top-p")}  # the old spellings stay (docs/RESULTS.md)
+
+
 def _planner_args(p):
-    from ttlib.planning.beam import VALUES, course_planner, critic_planner
+    from ttlib.planning.beam import course_planner, critic_planner, imitation_planner
 
-    t, c = course_planner(), critic_planner()
-
-    def default(name: str) -> str:
-        return f"default {getattr(c, name)} with the critic, {getattr(t, name)} with the value token"
-
-    p.add_argument("--value", choices=list(VALUES), default=None, help="what scores plans: the checkpoint's Q "
-                   "critic (the default when it has one), the model's value token, or the likelihood of the plan's "
-                   "actions (imitation: the default for a model trained with --top-percent)")
-    p.add_argument("--beam-width", type=int, default=None, help=default("beam_width"))
-    p.add_argument("--horizon", type=int, default=None, help=default("horizon"))
-    p.add_argument("--expand", type=int, default=None, help=default("sample_expand"))
-    p.add_argument("--context", type=int, default=None, help=default("context"))
-    p.add_argument("--top-k", type=int, default=None, help=default("top_k_action") + "; 0: all bins")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus for actions (default: all bins)")
+    presets = {"--value critic": critic_planner(), "--value likelihood": imitation_planner(),
+               "--value token": course_planner()}
+    group = p.add_argument_group("the planner (--model tt)")
+    add_config_options(group, presets, names=PLANNER_NAMES, notes={
+        "value": "default: critic when the checkpoint has one, likelihood for a model trained with --top-percent, "
+                 "else token; each is a preset of the other options",
+        "top_k_action": "0: all bins;"})

@@ -56,7 +56,7 @@ class RunConfig:
     eval_batches: int = 10  # batches per validation estimate
     seed: int = 0  # seeds the split, initial weights and batch order
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
-    early_stop: int = 0  # stop after this many evaluations in a row more than TIE above the lowest (0: never)
+    early_stop: int = 0  # stop after this many evaluations in a row more than 1% (TIE) above the lowest (0: never)
     top_percent: float = 100.0  # learn from this percentage of the episodes, the highest returns first (100: all)
 
     @property
