@@ -27,7 +27,7 @@ Checked afterwards: the right answers keep full marks under the hog (time is cou
 ada, bob or breaker changed (hashes before and after), nor fay's and gus's submissions, nor anyone's grades;
 fay and gus get their points; nothing the submissions started is alive (every process is scanned for the marker
 their command lines carry and for a sandbox's environment); the grading processes' memory stayed bounded while
-"flood" printed (their peak is compared with the first run's). Last, a run after the batch grades only a new
+"flood" printed (none grew by 200 MiB past its size once set up). Last, a run after the batch grades only a new
 submission.
 """
 
@@ -203,17 +203,36 @@ def _rss(pid: int) -> int:
         return 0
 
 
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
 def run(*args, env, timeout=900):
-    """One command of the instructor guide from the repository root; (output, peak RSS of a grading process in
-    bytes: the command's own, or of one of its pool's processes, which receive the kernels' output)."""
+    """One command of the instructor guide from the repository root; (output, memory) where memory is
+    {"peak": the peak RSS of a grading process in bytes -- the command's own, or one of its pool's processes, which
+    receive the kernels' output; "growth": the most any of them grew past its size once set up (see set_up); "table":
+    pid -> (MiB once set up, peak MiB, command)}."""
     proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    peak = [0]
+    peak, settled, names = {}, {}, {}  # pid -> the largest RSS seen; its RSS once set up; its command line
+
+    def set_up(pid: int) -> bool:
+        """The command's own process: it has started its pool. A pool process: it has started its first kernel (a
+        child running ttlib.grading.sandbox), by when it has imported nbgrader, and what the hidden tests import."""
+        children = processes.children_of(pid)
+        return bool(children) if pid == proc.pid else any("ttlib.grading.sandbox" in command_line(c) for c in children)
 
     def sample():
         while proc.poll() is None:
-            pool = processes.children_of(proc.pid)  # its own children: the pool's processes
-            peak[0] = max([peak[0], _rss(proc.pid), *map(_rss, pool)])
+            for pid in [proc.pid, *processes.children_of(proc.pid)]:  # itself and its pool's processes
+                rss = _rss(pid)
+                peak[pid] = max(peak.get(pid, 0), rss)
+                names[pid] = names.get(pid) or command_line(pid)[:60]
+                if pid not in settled and rss and set_up(pid):
+                    settled[pid] = rss
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -221,7 +240,9 @@ def run(*args, env, timeout=900):
     out, _ = proc.communicate(timeout=timeout)
     sampler.join()
     assert proc.returncode == 0, f"`{' '.join(args)}` failed:\n{out[-6000:]}"
-    return out, peak[0]
+    grew = {pid: peak[pid] - rss for pid, rss in settled.items()}
+    return out, {"peak": max(peak.values(), default=0), "growth": max(grew.values(), default=0),
+                 "table": {pid: (settled.get(pid, 0) >> 20, peak[pid] >> 20, names[pid]) for pid in peak}}
 
 
 def hashes(root: Path, students) -> dict[str, str]:
@@ -271,7 +292,7 @@ def graded(tmp_path_factory):
     nbformat.write(grade.source_version(solution_notebook(CHEAP), f"{CHEAP}.ipynb"), source)
     run("nbgrader", "generate_assignment", CHEAP, "--force", env=env)
     first, second = class_of_02()
-    out = {"root": root, "logs": {}, "peak": {}, "env": env, "tmp": tmp}
+    out = {"root": root, "logs": {}, "memory": {}, "env": env, "tmp": tmp}
     hogs = busy(2)
     hogged_from = time.monotonic()
     try:
@@ -284,12 +305,12 @@ def graded(tmp_path_factory):
                 nbformat.write(nb, folder / f"{student}.ipynb")
             run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
             if name == "first":
-                out["logs"][name], out["peak"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
+                out["logs"][name], out["memory"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
                 run("nbgrader", "generate_feedback", CHEAP, env=env)
                 continue
             out["hashes before"] = hashes(root, first) | hashes(root, ["fay", "gus"])  # their submissions
             out["grades before"] = grades(root, first)
-            out["stdout"], out["peak"][name] = run("ttlib", "grade", "autograde", CHEAP, "--jobs", str(JOBS),
+            out["stdout"], out["memory"][name] = run("ttlib", "grade", "autograde", CHEAP, "--jobs", str(JOBS),
                                                    env=env)
             out["logs"][name] = out["stdout"] + (root / f"autograde_{CHEAP}.log").read_text()
     finally:
@@ -378,9 +399,9 @@ def test_an_output_flood_is_capped_and_the_grader_stays_small(graded):
     text = outputs(nb, "02-uniform")
     assert "output over the grading limit" in text
     assert len(json.dumps(nb)) < 8 * 2**20, "the flood's output is not kept"
-    first, second = graded["peak"]["first"], graded["peak"]["second"]
-    assert second < first + 200 * 2**20, (f"the grader grew from {first / 2**20:.0f} MiB to "
-                                          f"{second / 2**20:.0f} MiB while {FLOOD_MIB} MiB were printed")
+    growth = graded["memory"]["second"]["growth"]
+    assert growth < 200 * 2**20, (f"a grading process grew by {growth / 2**20:.0f} MiB while {FLOOD_MIB} MiB "
+                                  f"were printed: {graded['memory']['second']['table']}")
 
 
 def test_a_submission_that_breaks_nbgraders_bookkeeping_gets_zero_with_the_reason(graded):
@@ -416,8 +437,11 @@ def test_the_class_table(graded):
     for student in EXPECTED:
         cpu, wall = graded["ran"].get(student, (float("nan"), float("nan")))
         print(f"| {student} | {score(graded, student):g} / {FULL:g} | {cpu:.1f} | {wall:.1f} |")
-    print(f"grader peak RSS: {graded['peak']['first'] / 2**20:.0f} MiB (first run), "
-          f"{graded['peak']['second'] / 2**20:.0f} MiB (second, with the flood); whole test {graded['seconds']:.0f} s")
+    first, second = graded["memory"]["first"], graded["memory"]["second"]
+    print(f"grader peak RSS: {first['peak'] / 2**20:.0f} MiB (first run), {second['peak'] / 2**20:.0f} MiB "
+          f"(second, with the flood; its largest growth {second['growth'] / 2**20:.0f} MiB); "
+          f"whole test {graded['seconds']:.0f} s")
+    print("grading processes of the second run, pid: (MiB once set up, peak MiB, command):", second["table"])
 
 
 def test_a_run_after_the_batch_grades_only_what_is_new(graded):

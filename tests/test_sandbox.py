@@ -266,14 +266,16 @@ def test_a_run_forked_from_the_zygote_is_fresh_and_leaves_nothing_in_it():
     imported, that sees nothing an earlier run did -- the zygote itself never runs a line of them."""
     from ttlib.grading import zygote
 
-    code = """
+    code = f"""
         import os, sys
         import ttlib
         print("torch" in sys.modules, getattr(ttlib, "LEFT_BY_AN_EARLIER_RUN", "nothing"), os.getpid())
         ttlib.LEFT_BY_AN_EARLIER_RUN = "a secret"  # in this run's process only
+        print("not preloaded:", *sorted(set({zygote.PRELOAD_TTLIB!r}) - set(sys.modules)), file=sys.stderr)
         """
     first, second = (python(code, preload=True) for _ in range(2))
     assert first.returncode == second.returncode == 0, second.stderr.decode()
+    assert second.stderr.decode().split() == ["not", "preloaded:"], second.stderr.decode()  # the course's modules
     # torch in sys.modules: forked from the zygote, which imported it (`import ttlib` does not)
     assert first.stdout.split()[:2] == second.stdout.split()[:2] == [b"True", b"nothing"], second.stdout
     assert first.stdout.split()[2] == second.stdout.split()[2] == b"2"  # each its PID namespace's first process
