@@ -106,7 +106,7 @@ def check_evaluate_args(args) -> None:
     if args.model in BASELINES:
         others = {"--workers": args.workers, "--target-return": args.target_return, "--value": args.value,
                   "--beam-width": args.beam_width, "--horizon": args.horizon, "--expand": args.expand,
-                  "--top-k": args.top_k, "--top-p": args.top_p, "--context": args.context}
+                  "--top-k": args.top_k, "--top-p": args.top_p, "--context": args.context, "--decoder": args.decoder}
         given = [name for name, value in others.items() if value is not None]
         if given:
             raise ValueError(f"--model {args.model} acts without planning, in one process: leave out "

@@ -95,7 +95,7 @@ def _planner_from(args, critic, payload: dict | None = None):
         raise ValueError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
                          "--checkpoint PATH`, or plan with --value token")
     given = {"beam_width": args.beam_width, "horizon": args.horizon, "sample_expand": args.expand,
-             "context": args.context, "top_k_action": args.top_k, "top_p_action": args.top_p}
+             "context": args.context, "top_k_action": args.top_k, "top_p_action": args.top_p, "decoder": args.decoder}
     overrides = {name: value for name, value in given.items() if value is not None}
     if overrides.get("top_k_action") == 0:
         overrides["top_k_action"] = None  # --top-k 0: all bins
@@ -216,6 +216,7 @@ def add_evaluate(sub) -> None:
 
 def _planner_args(p):
     from ttlib.planning.beam import VALUES, course_planner, critic_planner
+    from ttlib.planning.decoders import DECODERS
 
     t, c = course_planner(), critic_planner()
 
@@ -231,3 +232,5 @@ def _planner_args(p):
     p.add_argument("--context", type=int, default=None, help=default("context"))
     p.add_argument("--top-k", type=int, default=None, help=default("top_k_action") + "; 0: all bins")
     p.add_argument("--top-p", type=float, default=None, help="nucleus for actions (default: all bins)")
+    p.add_argument("--decoder", choices=list(DECODERS), default=None, help="where the planner's logits come from "
+                   "(the plan is the same): auto (default) takes the fastest measured on the device")
