@@ -228,6 +228,9 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     CUDA graphs, on a GPU with buffers kept, and the fused decoder otherwise and for a critic or a trace.
     """
     check_critic(config, critic)
+    if trace is not None and config.decoder in STATIC_SEARCHES:
+        raise PlannerConfigError(f"decoder={config.decoder!r} runs the whole search with static shapes and keeps no "
+                                 "search tree: plan with decoder='fused' to trace it")
     was_training = model.training
     model.eval()
     try:
@@ -299,9 +302,6 @@ def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, crit
     name = resolve(config.decoder, device, replays=buffers is not None and buffers.graphs,
                    tokens_needed=trace is not None or config.value != "token")
     if name in STATIC_SEARCHES:
-        if trace is not None:
-            raise PlannerConfigError(f"decoder={name!r} runs the whole search with static shapes and keeps no "
-                                     "search tree: plan with decoder='fused' to trace it")
         return static_plan(model, tokenizer, prefix, keys, config, buffers, STATIC_SEARCHES[name])
 
     decoder = open_decoder(name, model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1),
