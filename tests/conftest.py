@@ -8,13 +8,18 @@ import pytest
 import torch
 
 from tools import suite_time
+from ttlib.course import threads
 
 # Under pytest-xdist every worker is its own process: two workers with two OpenMP threads each on two cores
 # spin-wait on each other and run many times slower. One thread per worker keeps the cores busy, not fighting;
 # the notebook kernels nbval starts from a worker inherit the setting through the environment.
+# In one process, the session is the entry point that fits torch's threads to the cores others leave free (ttlib's
+# library never changes them: ttlib.course.threads).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+else:
+    threads.fit()
 
 
 @pytest.fixture(scope="session")

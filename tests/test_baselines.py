@@ -12,8 +12,10 @@ from test_cli import ttlib  # tests/ is on sys.path
 from ttlib.agents import baselines
 from ttlib.agents.baselines import BaselineError, MLPPolicy, PolicyConfig, best_episodes
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import ConfigError
 from ttlib.evaluation import rollout
 from ttlib.training import checkpoints, train
+from ttlib.training.checkpoint_files import CheckpointError
 
 
 # ---- which episodes %BC keeps ---------------------------------------------------------------------------
@@ -156,7 +158,8 @@ def test_evaluate_matches_a_plain_gymnasium_loop():
 
 
 def test_evaluate_refuses_an_environment_of_another_shape():
-    with pytest.raises(BaselineError, match="observations of 8 dimensions"):
+    with pytest.raises(ValueError, match="this policy is for observations of 8 and actions of 2 dimensions, the "
+                                         "environment has 3 and 1"):
         baselines.evaluate(lander_policy(), "Pendulum-v1", [0], progress=False)
     with pytest.raises(ValueError, match="this policy acts in"):
         baselines.evaluate(MLPPolicy(3, 1, 8, 1, [-1.0], [1.0]), "Pendulum-v1", [0], progress=False)
@@ -172,13 +175,13 @@ def test_a_saved_policy_acts_the_same_and_other_checkpoints_are_refused(tmp_path
     probe = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     assert np.array_equal(loaded.act(probe), policy.act(probe)) and loaded_config == config
     assert payload["dataset"]["id"] == "test/linear-v0" and [p.name for p in tmp_path.iterdir()] == ["pbc.pt"]
-    with pytest.raises(checkpoints.CheckpointError, match="holds a 'trajectory-gpt' model, not a 'policy' one"):
+    with pytest.raises(CheckpointError, match="holds a 'trajectory-gpt' model, not a 'policy' one"):
         baselines.load_policy(checkpoints.default_checkpoint())
 
 
-def test_rollout_module_still_plays_without_a_planner():
-    batch = rollout.EpisodeBatch("LunarLanderContinuous-v3", [0], None, 0).reset()
-    assert batch.act(np.zeros((1, 2))) == [] and batch.step == 1
+def test_the_episode_loop_steps_an_agent_without_a_planner():
+    batch = rollout.EpisodeBatch(lander_policy(), "LunarLanderContinuous-v3", [0]).reset()
+    assert batch.act(np.zeros((1, 2))) == [] and batch.step == 1 and batch.lengths.tolist() == [1]
     batch.close()
 
 
@@ -202,7 +205,7 @@ def test_train_and_evaluate_a_baseline_from_the_command_line(minari_root, tmp_pa
     (["evaluate", "--model", "bc", "--beam-width", "4"], "--model bc acts without planning"),
     (["evaluate", "--model", "iql", "--workers", "2"], "leave out --workers"),
     (["evaluate", "--model", "bc", "--top-percent", "0"], "top_percent must be a percentage in (0, 100]"),
-    (["evaluate", "--top-percent", "25"], "are for the baselines (--model bc or iql)"),
+    (["evaluate", "--top-percent", "25"], "--top-percent: for the baselines only (--model bc or iql)"),
     (["evaluate", "--model", "bc", "--beta", "3"], "--beta weighs IQL's advantages"),
     (["evaluate", "--model", "iql", "--dataset", ttdata.HALFCHEETAH_DATASET], "give --critic CKPT"),
     (["train", "--model", "bc", "--n-layer", "2", "--out", "x.pt"], "--model bc has no option --n-layer"),
@@ -250,17 +253,18 @@ def test_the_shipped_course_baseline_lands_on_the_plots_seeds():
 def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     """`ttlib evaluate` on a checkpoint trained with --top-percent plays the imitation planner unless told
     otherwise; a checkpoint with a critic plans with the critic; --value chooses."""
-    from ttlib.cli.evaluate import _planner_from
-    from ttlib.cli.main import build_parser
+    from ttlib.agents.registry import planner_for
 
-    def planner(*flags, top_percent=100.0, critic=None):
-        args = build_parser().parse_args(["evaluate", *flags])
-        return _planner_from(args, critic, {"train_config": {"top_percent": top_percent}})
+    def planner(top_percent=100.0, critic=None, **options):
+        return planner_for(critic, {"train_config": {"top_percent": top_percent}}, **options)
 
     assert planner(top_percent=25.0).value == "likelihood" and planner().value == "token"
     assert planner(top_percent=25.0, critic=object()).value == "critic"
-    assert planner("--value", "token", top_percent=25.0).value == "token"
-    assert planner("--value", "likelihood", "--beam-width", "8").beam_width == 8
+    assert planner(value="token", top_percent=25.0).value == "token"
+    assert planner(value="likelihood", beam_width=8).beam_width == 8
+    assert planner(top_k_action=0).top_k_action is None and planner(top_k_action=5).top_k_action == 5  # --top-k 0
+    with pytest.raises(ConfigError, match="no setting top_k: the settings are PlannerConfig's fields"):
+        planner(top_k=5)
 
 
 def test_the_course_baseline_recorded_beside_an_agent_with_its_caption():

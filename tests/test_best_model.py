@@ -19,9 +19,8 @@ import torch
 from ttlib.agents import dt
 from ttlib.model.tokenizer import NoBinMeansWarning
 from ttlib.training.best_model import TIE, BestModel, overfitting
-from ttlib.training.checkpoint_files import write_payload
+from ttlib.training.checkpoint_files import CheckpointError, write_payload
 from ttlib.training.checkpoints import (
-    CheckpointError,
     checkpoint_weights,
     export_checkpoint,
     load_checkpoint,

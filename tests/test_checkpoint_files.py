@@ -22,9 +22,8 @@ from ttlib.agents.baselines import load_policy
 from ttlib.agents.critic import add_critic, load_critic
 from ttlib.bench.decoding import PRESETS, random_model
 from ttlib.cli.main import main
-from ttlib.training.checkpoint_files import convert_pickled, read_payload, write_payload
+from ttlib.training.checkpoint_files import CheckpointError, convert_pickled, read_payload, write_payload
 from ttlib.training.checkpoints import (
-    CheckpointError,
     default_checkpoint,
     export_checkpoint,
     load_checkpoint,

@@ -1,15 +1,22 @@
 """The command line, run as a learner would: python -m ttlib ..."""
 
+import argparse
+import dataclasses
+import enum
 import json
 import os
 import subprocess
 import sys
+import types
+import typing
 
 import numpy as np
 import pytest
 
-from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.bench.flops import plan_flops
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import TTLibError
 from ttlib.planning.beam import PlannerConfig
 
 
@@ -128,3 +135,153 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["planner"]["value"] == "critic" and out["planner"]["horizon"] == 1 and out["steps"] == 10
+
+
+def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(monkeypatch, capsys):
+    """`ttlib` prints a TTLibError (a mistake in what the user gave) as one line and exits with 2. Anything else is a
+    bug: a ValueError from deep inside (here numpy's, of a shape that cannot broadcast) leaves `main` with its
+    traceback, which names the function that raised it, and nothing is printed as if it were the user's mistake."""
+    from ttlib.cli.main import main
+    from ttlib.data.minari_io import DatasetError
+
+    def broken():
+        return np.zeros(3) + np.zeros(4)
+
+    monkeypatch.setattr(ttdata, "list_local", broken)
+    with pytest.raises(ValueError, match="could not be broadcast") as raised:
+        main(["datasets"])
+    assert not isinstance(raised.value, TTLibError)
+    assert raised.traceback[-1].name == "broken", [entry.name for entry in raised.traceback]
+    assert "error:" not in capsys.readouterr().err
+
+    def mistaken():
+        raise DatasetError("dataset x is damaged: build it again")
+
+    monkeypatch.setattr(ttdata, "list_local", mistaken)
+    assert main(["datasets"]) == 2
+    assert capsys.readouterr().err == "ttlib datasets: error: dataset x is damaged: build it again\n"
+
+
+# ---- one path from a config to options and back --------------------------------------------------------------------
+def config_commands():
+    """(command, its required options, the configs whose fields are its options, fields that are not, renames)."""
+    from ttlib.agents.baselines import PolicyConfig
+    from ttlib.agents.critic import CriticConfig
+    from ttlib.cli.baselines import POLICY_NAMES
+    from ttlib.cli.evaluate import PLANNER_NAMES
+    from ttlib.cli.train import CRITIC_SKIP, TRAIN_SKIP, train_configs
+
+    return [("train", ["--out", "x.pt"], train_configs(), TRAIN_SKIP, None),
+            ("train-critic", ["--checkpoint", "x.pt"], {"critic": CriticConfig()}, CRITIC_SKIP, None),
+            ("evaluate", [], {"planner": PlannerConfig()}, (), PLANNER_NAMES),
+            ("evaluate", [], {"bc/iql": PolicyConfig()}, ("kind",), POLICY_NAMES)]
+
+
+def another(value, hint):
+    """A value of the field's type other than `value`, and how a command line writes it."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kind = [a for a in typing.get_args(hint) if a is not type(None)][0] if union else hint
+    if typing.get_origin(kind) is typing.Literal:
+        new = next(c for c in typing.get_args(kind) if c != value)
+    elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+        new = next(m for m in kind if m != value)
+        return new, str(new.value)
+    elif kind is bool:
+        new = not value
+    elif kind is str:
+        new = f"{value}x"
+    else:
+        new = kind((value or 0) + {int: 3, float: 0.25}[kind])
+    return new, str(new)
+
+
+class Shade(enum.Enum):
+    LIGHT = "light"
+    DARK = "dark"
+
+
+@dataclasses.dataclass
+class Inner:
+    width: int = 8  # how wide
+
+
+@dataclasses.dataclass
+class Every:
+    decoder: typing.Literal["auto", "fused", "static"] = "auto"  # which decoder: the choices are
+    #                                                              the Literal's values
+    shade: Shade = Shade.LIGHT  # an Enum's values are its choices too
+    limit: float | None = None  # None: no limit
+    fast: bool = True  # --fast / --no-fast
+    inner: Inner = dataclasses.field(default_factory=Inner)  # its fields are options of their own
+
+
+def test_a_literal_or_an_enum_field_becomes_choices_and_a_comment_its_help():
+    """What a config change brings by itself: a field typed Literal["auto", ...] (as PlannerConfig.decoder) or
+    Enum gets its values as choices, a wrong one is refused by argparse, and the help is the field's comment."""
+    from ttlib.cli.options import add_config_options, config_from
+
+    parser = argparse.ArgumentParser()
+    add_config_options(parser, {"every": Every()})
+    helped = parser.format_help()
+    for words in ("{auto,fused,static}", "which decoder: the choices are the Literal's values (default auto)",
+                  "{light,dark}", "--no-fast", "--width", "how wide (default 8)", "None: no limit"):
+        assert words in " ".join(helped.split()), words
+    args = parser.parse_args(["--decoder", "static", "--shade", "dark", "--limit", "0.5", "--no-fast",
+                              "--width", "3"])
+    assert config_from(args, Every()) == Every("static", Shade.DARK, 0.5, False, Inner(3))
+    assert config_from(parser.parse_args([]), Every(decoder="fused")) == Every(decoder="fused")
+    for wrong in (["--decoder", "slow"], ["--shade", "grey"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(wrong)
+    from ttlib.agents.dt import DTConfig
+
+    with pytest.raises(TypeError, match="DTConfig.action_low: no command-line option"):  # list[float] | None
+        add_config_options(argparse.ArgumentParser(), {"dt": DTConfig()})
+
+
+@pytest.mark.parametrize("command, required, configs, skip, names", config_commands(),
+                         ids=["train", "train-critic", "evaluate-planner", "evaluate-baselines"])
+def test_every_config_field_is_an_option_and_comes_back(command, required, configs, skip, names, capsys):
+    """Each field (a nested config's too) set to another value on the command line comes back in the config; left
+    out, the config is as it was; an old spelling is an alias of its option; --help names every option."""
+    from ttlib.cli.main import build_parser
+    from ttlib.cli.options import config_from, given, leaves, option
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args([command, "--help"])
+    helped = capsys.readouterr().out
+    for config in configs.values():
+        wanted, argv = {}, []
+        for name, (value, hint, _) in leaves(config).items():
+            if name not in skip:
+                wanted[name], written = another(value, hint)
+                flag = option(name, names)
+                argv += [flag if wanted[name] else f"--no-{flag[2:]}"] if hint is bool else [flag, written]
+                assert flag in helped, f"`ttlib {command} --help` does not show {flag}"
+        back = config_from(parser.parse_args([command, *required, *argv]), config, names)
+        assert {name: v for name, (v, _, _) in leaves(back).items() if name in wanted} == wanted
+        assert {n: v for n, (v, _, _) in leaves(back).items() if n not in wanted} == \
+            {n: v for n, (v, _, _) in leaves(config).items() if n not in wanted}
+        assert config_from(parser.parse_args([command, *required]), config, names) == config
+        for name, (_, *aliases) in (names or {}).items():
+            for alias in aliases:
+                new, written = another(leaves(config)[name][0], leaves(config)[name][1])
+                assert given(parser.parse_args([command, *required, alias, written]), config, names) == {name: new}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--out", "x.pt", "--context", "5"], "--model tt has no option --context"),
+    (["train", "--out", "x.pt", "--model", "dt", "--n-bins", "5", "--hidden", "8"],
+     "--model dt has no option --hidden, --n-bins"),
+    (["train", "--out", "x.pt", "--model", "bc", "--max-weight", "5"], "--max-weight weighs IQL's advantages"),
+    (["evaluate", "--model", "dt", "--episodes", "1", "--expand", "2"], "--model dt acts without planning: leave "
+     "out --sample-expand"),
+    (["evaluate", "--model", "tt", "--episodes", "1", "--train-seed", "2"], "--train-seed: for the baselines only"),
+])
+def test_an_option_of_another_model_is_refused_by_name(args, message, capsys):
+    from ttlib.cli.main import main
+
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines

@@ -92,7 +92,7 @@ def test_the_colab_path_for_real(tmp_path):
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     nb.cells[1].source = "import google.colab\n" + nb.cells[1].source
     setup = [c for c in nb.cells if c.cell_type == "code" and "setup" in c.metadata.get("tags", [])]
-    loads = [c for c in nb.cells if c.cell_type == "code" and "train.default_checkpoint()" in c.source][:1]
+    loads = [c for c in nb.cells if c.cell_type == "code" and "default_checkpoint()" in c.source][:1]
     modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                      for p in (ROOT / "ttlib").rglob("*.py") if p.name != "__main__.py")
     nb.cells = [*setup, *loads, nbformat.v4.new_code_cell(

@@ -142,14 +142,14 @@ def test_no_expert_build_holds_a_late_pilot_and_random_flying(minari_root):
 def test_the_pilot_acts_on_what_it_saw_steps_before():
     from gymnasium.envs.box2d.lunar_lander import heuristic
 
-    from ttlib.data.build import _lander_policy
+    from ttlib.data.build import lander_policy
 
     env = gym.make("LunarLanderContinuous-v3")
     env.reset(seed=0)
     rng = np.random.default_rng(7)
     twin = np.random.default_rng(7)  # replays the pilot's draws: its reaction time and noise scale, then per step
     delay, noise = int(twin.integers(4, 9)), twin.uniform(0.4, 0.8)
-    act = _lander_policy("pilot", env.unwrapped, rng)
+    act = lander_policy("pilot", env.unwrapped, rng)
     seen = [np.random.default_rng(i).normal(size=8).astype(np.float32) * 0.3 for i in range(30)]
     for t, obs in enumerate(seen):
         action = act(obs)

@@ -1,6 +1,7 @@
 """Data-parallel training (ttlib.training.data_parallel): 2 worker processes make the parameters of one process, the
-mean of the workers' mean losses does not, a worker killed mid-run ends in a resume from the last checkpoint, and a run
-that cannot be split says so in one line. Real processes under torchrun's elastic agent, gloo on the CPU."""
+mean of the workers' mean losses does not, a worker killed mid-run ends in a resume from the last checkpoint, a
+worker's sums cannot hang the end of its run, and a run that cannot be split says so in one line. Real processes
+under torchrun's elastic agent, gloo on the CPU."""
 
 import os
 import shutil
@@ -16,7 +17,7 @@ import torch
 
 from ttlib.cli.main import main
 from ttlib.data.examples.pendulum_dataset import collect, write_dataset
-from ttlib.evaluation import ray_evaluation as distributed
+from ttlib.evaluation import ray_cluster
 from ttlib.training import data_parallel, ray_training
 from ttlib.training.checkpoints import read_checkpoint
 from ttlib.training.data_parallel import random_dataset
@@ -87,7 +88,7 @@ def test_on_a_ray_cluster_the_workers_make_the_parameters_of_one_process(one_pro
     data, one = one_process
     temp_dir = tempfile.mkdtemp(prefix="ttray-")  # short: Ray's socket paths must stay under 107 characters
     try:
-        ray_module, started = distributed.connect(num_cpus=2, temp_dir=temp_dir)
+        ray_module, started = ray_cluster.connect(num_cpus=2, temp_dir=temp_dir)
         address = ray_module.get_runtime_context().gcs_address
         two = data_parallel.train(TrainConfig.from_settings(EXACT), out=str(tmp_path / "two.pt"), data=data,
                                   workers=2, launch=ray_training.on_cluster(address), dtype=torch.float64,
@@ -120,6 +121,26 @@ def test_the_exercises_workers_average_to_the_gradient_of_one_process():
         counts = [int(part.sum()) for part in mask.split(sizes)]
         assert len(set(counts)) > 1, counts  # slices of unequal padding ...
         assert (naive[-1] - gradient).abs().max() > 1e-3 * gradient.abs().max()  # ... where the means do not add up
+
+
+def test_a_worker_leaves_its_process_group_after_summing_a_tensor_it_dropped():
+    """torch 2.4's gloo lets go of a summed tensor on its own thread; when Python has dropped the tensor, freeing it
+    there takes the interpreter lock, which destroy_process_group holds while it waits for the thread. That hung the
+    end of a run now and then; with torch.distributed.all_reduce in place of all_reduce_sum, this loop of one-worker
+    groups hangs on torch 2.4.1 within its first hundred rounds."""
+    rounds = (
+        "import torch, torch.distributed as dist\n"
+        "from ttlib.training.data_parallel import all_reduce_sum\n"
+        "for _ in range(300):\n"
+        "    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "    all_reduce_sum(torch.ones(2, 4))  # dropped as soon as it is summed\n"
+        "    dist.destroy_process_group()\n"
+        "print('done')\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", rounds], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("destroy_process_group hung after an all_reduce_sum of a dropped tensor")
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
 
 
 def train_windows(data, config):

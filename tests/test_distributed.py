@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import ray
 
+from ttlib.agents.critic import load_critic
 from ttlib.cli import main as cli
+from ttlib.evaluation import ray_cluster, rollout
 from ttlib.evaluation import ray_evaluation as distributed
-from ttlib.evaluation import rollout
 from ttlib.planning import beam as planning
-from ttlib.training import train
+from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
 SEEDS = [20, 21, 22, 23, 24]
 MAX_STEPS = 12  # short episodes: the point is equality and completeness, not return quality
@@ -31,7 +32,7 @@ TOKEN = Path.home() / ".ray" / "auth_token"
 def course():
     """The shipped checkpoint in float64 (bit-for-bit comparisons across batch shapes), its environment, and the
     course planner with a smaller beam."""
-    model, tokenizer, payload = train.load_checkpoint(train.default_checkpoint(), device="cpu")
+    model, tokenizer, payload = load_checkpoint(default_checkpoint(), device="cpu")
     info = payload["dataset"]
     return model.double(), tokenizer, info["env_id"], info["env_kwargs"], planning.course_planner(beam_width=4)
 
@@ -50,7 +51,7 @@ def cluster():
     token_before = TOKEN.exists()
     temp_dir = tempfile.mkdtemp(prefix="ttray-")  # short: Ray's socket paths must stay under 107 characters
     try:
-        ray_module, started = distributed.connect(num_cpus=2, temp_dir=temp_dir)
+        ray_module, started = ray_cluster.connect(num_cpus=2, temp_dir=temp_dir)
         assert started
         yield {"address": ray_module.get_runtime_context().gcs_address, "token_before": token_before}
     finally:
@@ -129,7 +130,7 @@ def test_local_inference_with_the_critic_equals_one_process(cluster, course):
     """`evaluate --workers N` with a checkpoint's critic: each worker plans its slice of episodes with the critic
     that travelled with the weights, and the returns are the single process's (float64 model and critic)."""
     model, tokenizer, env_id, env_kwargs, _ = course
-    critic = train.load_critic(train.default_checkpoint(), device="cpu").double()
+    critic = load_critic(default_checkpoint(), device="cpu").double()
     planner = planning.critic_planner(beam_width=4)
     one = rollout.evaluate(model, tokenizer, env_id, SEEDS, planner, env_kwargs=env_kwargs, max_steps=MAX_STEPS,
                            progress=False, critic=critic)

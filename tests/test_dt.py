@@ -11,7 +11,8 @@ from ttlib.agents import dt
 from ttlib.cli.main import main
 from ttlib.data import trajectories as ttdata
 from ttlib.data.trajectories import split_episodes
-from ttlib.training.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
+from ttlib.training.checkpoint_files import CheckpointError
+from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint
 
 ENV = "LunarLanderContinuous-v3"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +178,8 @@ def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
         (("evaluate", "--model", "tt", "--checkpoint", ckpt), "not a 'trajectory-gpt'"),
         (("evaluate", "--target-return", "100", "--episodes", "1"), "--target-return is for Decision"),
         (("train", "--model", "dt", "--out", ckpt, "--n-bins", "10"), "--model dt has no option --n-bins"),
-        (("train", "--out", ckpt, "--context", "10"), "are Decision Transformer options"),
+        (("train", "--out", ckpt, "--context", "10"), "--model tt has no option --context (--context is for --model "
+                                                      "dt)"),
     ]:
         assert main(list(args)) == 2, args
         stderr = capsys.readouterr().err
@@ -187,4 +189,4 @@ def test_command_line_trains_and_evaluates_a_dt(tmp_path, capsys):
 def test_the_shipped_dt_checkpoint_loads():
     model, payload = dt.load_checkpoint(device="cpu")
     assert payload["dataset"]["env_id"] == ENV and model.config.context == 20
-    assert "optimizer" not in payload and os.path.getsize(dt.default_checkpoint(dt.COURSE_CHECKPOINT)) < 4e6
+    assert "optimizer" not in payload and os.path.getsize(default_checkpoint(dt.COURSE_CHECKPOINT)) < 4e6

@@ -233,7 +233,7 @@ def test_a_notebook_needing_a_package_left_out_is_not_run_rather_than_failed(tmp
     assert gpu_check.notebook_status(dict(reported, status="ok"), left_out) == \
         "not run: needs ttlib_no_such_package (too big)"
     assert gpu_check.notebook_status(dict(reported, status="ok"), {}) == "failed"
-    # ttlib's own words for a missing package count too (distributed.connect when Ray is missing)
+    # ttlib's own words for a missing package count too (ray_cluster.connect when Ray is missing)
     said = {"outcome": "failed", "status": "ok", "ename": "DistributedError",
             "evalue": "distributed evaluation needs Ttlib_No_Such_Package, which is not installed: pip install it"}
     assert gpu_check.notebook_status(dict(said), left_out).startswith("not run: needs ttlib_no_such_package")

@@ -330,7 +330,7 @@ def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("course")
     # one thread per kernel, as tests/conftest.py sets for pytest-xdist workers
     env = {**os.environ, "TTLIB_COURSE_DIR": str(tmp / "grading"), "TTLIB_FAST": "1", "OMP_NUM_THREADS": "1"}
-    from ttlib import data  # the course dataset, built before the short time limits apply (a no-op when there)
+    from ttlib.data import trajectories as data  # the course dataset, built before the short time limits apply
 
     data.load(data.DEFAULT_DATASET, progress=False)
     # sets up the course folder and its gradebook; says whether notebooks/student/ is what release generates now

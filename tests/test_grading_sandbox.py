@@ -212,7 +212,7 @@ def run(*args, env, timeout=900):
 
     def sample():
         while proc.poll() is None:
-            pool = processes._children_of(proc.pid)  # its own children: the pool's processes
+            pool = processes.children_of(proc.pid)  # its own children: the pool's processes
             peak[0] = max([peak[0], _rss(proc.pid), *map(_rss, pool)])
             time.sleep(0.05)
 

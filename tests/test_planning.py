@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ttlib.bench.decoding import PRESETS, plan_flops, random_model
+from ttlib.bench.decoding import PRESETS, random_model
+from ttlib.bench.flops import plan_flops
 from ttlib.errors import TTLibError
 from ttlib.planning import beam as planning
 from ttlib.planning import decoders

@@ -1,9 +1,10 @@
 """ttlib.grading.sandbox: what a sandboxed process cannot do, and what is counted and ended. Real processes, real
 Landlock and namespaces (Linux); each test takes a second or so.
 
-Most tests run twice: with the user + PID + mount namespaces this machine offers ("namespaces") and without them
+Most tests run three times: with the user + PID + mount namespaces this machine offers ("namespaces"), without them
 (TTLIB_SANDBOX_DISABLE=namespaces: a system that forbids unprivileged user namespaces), where the wrapper alone,
-a subreaper, must find and end every process.
+a subreaper, must find and end every process, and with the namespaces in a process forked from the grader's zygote
+("zygote": ttlib.grading.zygote, how the hidden tests start) instead of a fresh one.
 """
 
 from __future__ import annotations
@@ -29,19 +30,25 @@ MARK = "ttlib-sandbox-unit-marker"
 pytestmark = pytest.mark.skipif(not sandbox.LINUX, reason="the sandbox is Linux's")
 
 
-@pytest.fixture(params=["namespaces", "no namespaces"])
+FORKED = {"preload": False}  # "zygote" mode: python() forks its process from the zygote
+
+
+@pytest.fixture(params=["namespaces", "no namespaces", "zygote"])
 def mode(request, monkeypatch):
-    if request.param == "namespaces":
+    if request.param != "no namespaces":
         if not sandbox.capabilities().namespaces:
             pytest.fail("this machine forbids unprivileged user namespaces; run the tests where they work")
     else:
         monkeypatch.setenv("TTLIB_SANDBOX_DISABLE", "namespaces")
+    monkeypatch.setitem(FORKED, "preload", request.param == "zygote")
     return request.param
 
 
 def python(code: str, limits: sandbox.Limits | None = None, mark: str = MARK, **kw) -> sandbox.Result:
     """Run Python `code` in a sandbox; the marker is in its command line (and its children's, by convention). A
-    test file of its own passes its own mark: files run side by side (pytest -n) must not see each other's."""
+    test file of its own passes its own mark: files run side by side (pytest -n) must not see each other's. (In
+    "zygote" mode the process itself is a fork of the zygote: its own command line is the zygote's.)"""
+    kw.setdefault("preload", FORKED["preload"])
     return sandbox.run([sys.executable, "-c", textwrap.dedent(code), mark], limits or sandbox.Limits(), **kw)
 
 
@@ -254,6 +261,55 @@ def test_the_tree_ends_when_the_grader_dies(mode, tmp_path):
     assert gone_soon(5) == []
 
 
+def test_a_run_forked_from_the_zygote_is_fresh_and_leaves_nothing_in_it():
+    """The zygote's runs (how the hidden tests start): each a new process, forked with the libraries already
+    imported, that sees nothing an earlier run did -- the zygote itself never runs a line of them."""
+    from ttlib.grading import zygote
+
+    code = """
+        import os, sys
+        import ttlib
+        print("torch" in sys.modules, getattr(ttlib, "LEFT_BY_AN_EARLIER_RUN", "nothing"), os.getpid())
+        ttlib.LEFT_BY_AN_EARLIER_RUN = "a secret"  # in this run's process only
+        """
+    first, second = (python(code, preload=True) for _ in range(2))
+    assert first.returncode == second.returncode == 0, second.stderr.decode()
+    # torch in sys.modules: forked from the zygote, which imported it (`import ttlib` does not)
+    assert first.stdout.split()[:2] == second.stdout.split()[:2] == [b"True", b"nothing"], second.stdout
+    assert first.stdout.split()[2] == second.stdout.split()[2] == b"2"  # each its PID namespace's first process
+    assert len(zygote.pids()) == 1 and zygote.pids() <= sandbox.own_children()
+
+
+def test_the_zygote_and_its_runs_end_when_the_grader_dies(tmp_path):
+    """The grader killed outright (SIGKILL): its zygote reads end-of-file, ends the run in flight, and ends."""
+    grader = textwrap.dedent(f"""
+        import sys, threading, time
+        from ttlib.grading import sandbox, zygote
+        code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+        code += "time.sleep(60)', '{MARK}'], start_new_session=True); time.sleep(60)"
+        threading.Thread(target=sandbox.run, args=([sys.executable, "-c", code],), kwargs={{"preload": True}},
+                         daemon=True).start()
+        while not zygote.pids():
+            time.sleep(0.05)
+        print(*zygote.pids(), flush=True)
+        time.sleep(120)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", grader], stdout=subprocess.PIPE, env={**os.environ,
+                                                                                       "TMPDIR": str(tmp_path)})
+    zygote_pid = int(proc.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not marked() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked(), "the run never started"
+    proc.kill()
+    proc.wait()
+    assert gone_soon(5) == []
+    stat, deadline = Path(f"/proc/{zygote_pid}/stat"), time.monotonic() + 5
+    while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] not in "ZX" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX", "the zygote outlived its grader"
+
+
 def test_the_grader_ends_orphans_that_reach_it():
     """The second line: a grader that is a subreaper ends, after a submission, every child it did not have."""
     code = textwrap.dedent(f"""
@@ -273,13 +329,15 @@ def test_the_grader_ends_orphans_that_reach_it():
 
 
 def test_memory_is_counted_over_the_tree_setsid_children_included(mode):
+    # a process forked from the zygote holds the libraries it preloaded from the start: the limit is above that
+    base = python("import time; time.sleep(1)").peak_memory_bytes if mode == "zygote" else 0
     r = python(f"""
         import subprocess, sys, time
         hog = "import time; held = [b'x' * (32 << 20) for _ in range(16)]; time.sleep(60)"
         subprocess.Popen([sys.executable, "-c", hog, "{MARK}"], start_new_session=True)
         time.sleep(60)
-        """, sandbox.Limits(memory_bytes=300 * 2**20))
-    assert r.stopped == "memory" and r.peak_memory_bytes > 300 * 2**20, r
+        """, sandbox.Limits(memory_bytes=base + 300 * 2**20))
+    assert r.stopped == "memory" and r.peak_memory_bytes > base + 300 * 2**20, r
     assert r.wall_seconds < 30
     assert gone_soon() == []
 

@@ -8,7 +8,8 @@ import torch
 from ttlib.data import trajectories as ttdata
 from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT
 from ttlib.training.best_model import BestModel
-from ttlib.training.checkpoints import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from ttlib.training.checkpoint_files import CheckpointError
+from ttlib.training.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
 from ttlib.training.train import TrainConfig, kind_sums, learning_rate, train
 
 

@@ -152,13 +152,12 @@ def part_training(args, save) -> dict:
 
 def part_rollouts(args, save) -> dict:
     """The episodes of a random model of the halfcheetah preset's shape (smoke: a tiny one), all planned together
-    as `rollout.evaluate` plans them; every few seconds the steps so far, steps per second and the total they
-    project are saved."""
+    as `rollout.evaluate` plans them (rollout's loop); every few seconds the steps so far, steps per second and the
+    total they project are saved."""
     from dataclasses import replace
 
     from ttlib.bench import decoding as bench
-    from ttlib.evaluation.rollout import EpisodeBatch
-    from ttlib.planning.beam import beam_plan
+    from ttlib.evaluation.rollout import EpisodeBatch, PlannerAgent
     from ttlib.planning.fast_decoder import BufferPool
 
     preset = replace(bench.PRESETS["tiny"], obs_dim=17, act_dim=6, n_layer=1, horizon=2, context=2) \
@@ -166,27 +165,34 @@ def part_rollouts(args, save) -> dict:
     episodes, steps = (3, 10) if args.smoke else (25, 1000)
     model, tokenizer = bench.random_model(preset, args.device)
     planner, pool = bench.planner_for(preset), BufferPool()
-    batch = EpisodeBatch(ROLLOUT_ENV, list(range(1000, 1000 + episodes)), tokenizer, planner.context, None, steps)
     out = {"env_id": ROLLOUT_ENV, "preset": "smoke" if args.smoke else "halfcheetah", "episodes": episodes,
            "max_steps": steps, "planned_steps": 0, "beam_width": planner.beam_width, "horizon": planner.horizon}
-    start = saved = time.perf_counter()
+    start, saved = time.perf_counter(), [time.perf_counter()]
+
+    def report():
+        saved[0], seconds = time.perf_counter(), time.perf_counter() - start
+        out.update(seconds=seconds, steps_per_s=out["planned_steps"] / seconds,
+                   projected_s=episodes * steps * seconds / out["planned_steps"],
+                   graphs=[p.runner.stats() for p in pool.kept.values()])
+        save(out)
+
+    class Reporting(PlannerAgent):  # the planner, saving how far it got every few seconds
+        def act(self, observations):
+            actions = super().act(observations)
+            out["planned_steps"] += len(observations)
+            if time.perf_counter() - saved[0] > 2:
+                report()
+            return actions
+
+    batch = EpisodeBatch(Reporting(model, tokenizer, planner, buffers=pool), ROLLOUT_ENV,
+                         list(range(1000, 1000 + episodes)), None, steps)
     try:
-        batch.reset()
-        while batch.running.any():
-            _, prefix, keys = batch.observe()
-            plan = beam_plan(model, tokenizer, prefix.to(args.device), keys, planner, pool)
-            out["planned_steps"] += int(batch.running.sum())
-            batch.act(plan.actions[:, 0].numpy())
-            if time.perf_counter() - saved > 2 or not batch.running.any():
-                saved, seconds = time.perf_counter(), time.perf_counter() - start
-                out.update(seconds=seconds, steps_per_s=out["planned_steps"] / seconds,
-                           projected_s=episodes * steps * seconds / out["planned_steps"],
-                           graphs=[p.runner.stats() for p in pool.kept.values()])
-                save(out)
+        played = batch.reset().play()
+        report()
     finally:
         batch.close()
-    return {**out, "vectorized_s": out["seconds"], "steps": int(batch.lengths.sum()),
-            "returns": [round(float(r), 2) for r in batch.returns]}
+    return {**out, "vectorized_s": out["seconds"], "steps": int(sum(played.lengths)),
+            "returns": [round(float(r), 2) for r in played.returns]}
 
 
 def part_notebook(args, save) -> dict:

@@ -17,8 +17,8 @@ import argparse
 import numpy as np
 
 from ttlib.model.tokenizer import TrajectoryTokenizer, joined
-from ttlib.training.checkpoint_files import write_payload
-from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+from ttlib.training.checkpoint_files import CheckpointError, write_payload
+from ttlib.training.checkpoints import read_checkpoint
 from ttlib.training.train import TrainConfig, load_and_split
 
 

@@ -6,6 +6,8 @@ import contextlib
 import os
 import tempfile
 
+__all__ = ["atomic_path"]
+
 
 @contextlib.contextmanager
 def atomic_path(path: str):

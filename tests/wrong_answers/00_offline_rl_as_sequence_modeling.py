@@ -16,7 +16,7 @@ ANSWERS = [
 ''', REFUSED),
     ("00-discounted-values", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
-for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code"]:
+for name in ["check_close", "check_equal_arrays", "check_shape", "call", "check_own_code"]:
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 
@@ -93,7 +93,7 @@ def normalized_score(returns, ref_min, ref_max):
     ("00-best-episodes", "indices in the order of their returns",
      ("return np.sort(np.argsort(-returns)[:keep])", "return np.argsort(-returns)[:keep]"),
      "in the order of their returns"),
-    ("00-best-episodes", "delegates to ttlib's best_episodes", '''from ttlib import baselines
+    ("00-best-episodes", "delegates to ttlib's best_episodes", '''from ttlib.agents import baselines
 
 
 def best_episodes(rewards, percent):
@@ -114,7 +114,7 @@ def best_episodes(rewards, percent):
      ("** 2).mean()", "** 2).sum(dim=1).mean()"), "summed over the action's dimensions"),
     ("00-fit-policy", "batches from torch's global generator", (", generator=generator)", ")"),
      "torch's global random generator"),
-    ("00-fit-policy", "delegates to ttlib's fit_policy", '''from ttlib import baselines
+    ("00-fit-policy", "delegates to ttlib's fit_policy", '''from ttlib.agents import baselines
 
 
 def fit_policy(policy, observations, actions, steps, batch_size, learning_rate, generator):

@@ -1,6 +1,6 @@
 """Wrong answers to notebook 01's exercises (see tests/test_exercises.py for the format)."""
 
-REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.course.checks.forbidding)
+REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exercises.refuse)
 HEADS = '''def split_heads(x, n_head):
     B, T, C = x.shape
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)
@@ -38,7 +38,7 @@ ANSWERS = [
 ''', REFUSED),
     ("01-sdpa", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
-for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]:
+for name in ["check_close", "check_equal_arrays", "check_shape", "call"]:
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 

@@ -4,7 +4,7 @@ REFUSED = "refuses to run"  # what a delegating answer's failure says (ttlib.exe
 
 TAMPER = '''import ttlib.course.checks
 
-for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code"]:
+for name in ["check_close", "check_equal_arrays", "check_shape", "call", "check_own_code"]:
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 

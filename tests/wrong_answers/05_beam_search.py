@@ -87,7 +87,7 @@ def beam_search(model, tokenizer, prefix, keys, config, decoder_class=decoders.C
 ''', REFUSED),
     ("05-beam-search", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
-for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call", "check_own_code"]:
+for name in ["check_close", "check_equal_arrays", "check_shape", "call", "check_own_code"]:
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 

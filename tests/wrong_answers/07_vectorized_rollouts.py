@@ -49,7 +49,7 @@ def build_prefix(history, obs_bins, context):
                                                     "return np.stack(rows)"), "its type and dtype: expected Tensor"),
     ("07-contexts", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
 
-for name in ["check_close", "check_equal_arrays", "check_shape", "check_function", "call"]:
+for name in ["check_close", "check_equal_arrays", "check_shape", "call"]:
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 

@@ -29,8 +29,9 @@ from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
 from ttlib.errors import TTLibError
 
-__all__ = ["PolicyConfig", "MLPPolicy", "BaselineError", "best_episodes", "fit_policy", "train_policy",
-           "awr_weights", "evaluate", "save_policy", "load_policy", "course_baseline", "KINDS"]
+__all__ = ["BaselineError", "COURSE_BASELINE", "KINDS", "MLPPolicy", "POLICY_KIND", "PolicyConfig", "awr_weights",
+           "best_episodes", "course_baseline", "critic_for", "evaluate", "fit_policy", "load_policy", "save_policy",
+           "train_policy", "trained_policy"]
 
 KINDS = ("bc", "iql")  # --model names: behaviour cloning (all or the best k% of episodes), IQL's AWR policy
 POLICY_KIND = "policy"  # a checkpoint's kind
@@ -78,7 +79,13 @@ class PolicyConfig:
 
 class MLPPolicy(nn.Module):
     """obs -> action: observations standardised with the data's statistics, `layers` ReLU layers, and a tanh
-    scaled to the action space's bounds, so every action it gives is one the environment takes as it is."""
+    scaled to the action space's bounds, so every action it gives is one the environment takes as it is.
+
+    An agent (ttlib.agents.protocol.Agent) without memory: rollout.play plays it, and what it is told of each step
+    it does not need."""
+
+    name = "this policy"
+    clipped = 0  # it reads observations as they are: nothing to clip
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 3, action_low=None,
                  action_high=None):
@@ -105,6 +112,21 @@ class MLPPolicy(nn.Module):
         """Numpy in, numpy out: (E, obs_dim) -> (E, act_dim) float32."""
         obs = torch.as_tensor(np.asarray(observations), dtype=self.obs_mean.dtype, device=self.obs_mean.device)
         return self(obs).float().cpu().numpy()
+
+    def action_range(self) -> tuple[list[float], list[float]]:
+        return (self.action_mid - self.action_half).tolist(), (self.action_mid + self.action_half).tolist()
+
+    def start(self, seeds) -> None:  # the rest of the agent protocol: a policy remembers nothing
+        pass
+
+    def observe(self, rewards, actions) -> None:
+        pass
+
+    def keep_rows(self, rows) -> None:
+        pass
+
+    def decision(self, row: int) -> None:
+        return None
 
 
 # ---- the pieces notebook 00's learner rebuilds ------------------------------------------------------------
@@ -196,37 +218,52 @@ def train_policy(data: ttdata.OfflineDataset, config: PolicyConfig | None = None
     return policy.eval(), history
 
 
+def trained_policy(config: PolicyConfig, dataset_id: str | None = None, critic: str | None = None,
+                   progress: bool = True):
+    """-> (policy, config, the dataset's summary, history): a baseline trained now with `config`, as `ttlib train
+    --model bc|iql` and `ttlib evaluate --model bc|iql` (without a checkpoint) ask, on `dataset_id` (default: the
+    course dataset). `critic`: a checkpoint holding the critic IQL's policy is extracted from (default: the shipped
+    checkpoint's, for the course dataset)."""
+    from ttlib.training.checkpoints import dataset_summary
+
+    dataset_id = dataset_id or ttdata.DEFAULT_DATASET
+    config.validate()
+    extractor = critic_for(critic, dataset_id) if config.kind == "iql" else None  # before the data: fails fast
+    data = ttdata.load(dataset_id, progress=progress)
+    policy, history = train_policy(data, config, critic=extractor, progress=progress)
+    return policy, config, dataset_summary(data), history
+
+
+def critic_for(path: str | None, dataset_id: str):
+    """The critic IQL's policy is extracted from: the one in `path`, or the shipped checkpoint's if it is of this
+    data."""
+    from ttlib.agents.critic import load_critic
+    from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
+
+    if path is None:
+        path = default_checkpoint()
+        if read_checkpoint(path)["dataset"]["id"] != dataset_id:
+            raise BaselineError(f"--model iql on {dataset_id}: give --critic CKPT, a checkpoint with a critic "
+                                "of that dataset (`ttlib train --dataset ... --out CKPT` then `ttlib train-critic "
+                                "--checkpoint CKPT`); the shipped one's is of the course dataset")
+    payload = read_checkpoint(path, kind=None)
+    if payload["dataset"]["id"] != dataset_id:
+        raise BaselineError(f"the critic in {path} was trained on {payload['dataset']['id']}, not {dataset_id}")
+    critic = load_critic(path, device="cpu", payload=payload)
+    if critic is None:
+        raise BaselineError(f"{path} holds no critic: add one with `ttlib train-critic --checkpoint {path}`")
+    return critic
+
+
 # ---- playing ---------------------------------------------------------------------------------------------
 def evaluate(policy: MLPPolicy, env_id: str, seeds, env_kwargs: dict | None = None, vectorized: bool = True,
              n_envs: int | None = None, max_steps: int | None = None, record: bool = False, progress: bool = True):
-    """Play one episode per seed with the policy; the same EvalResult, episodes and seeds as rollout.evaluate."""
-    from ttlib.evaluation.rollout import EpisodeBatch, Episodes, check_action_space, check_episodes, play_in_waves
+    """Play one episode per seed with the policy (rollout.play); the same EvalResult, episodes and seeds as
+    rollout.evaluate."""
+    from ttlib.evaluation.rollout import play
 
-    seeds = [int(s) for s in seeds]
-    check_episodes(seeds, n_envs, max_steps)
-    low = (policy.action_mid - policy.action_half).tolist()
-    high = (policy.action_mid + policy.action_half).tolist()
-
-    def play(group, first, bar):
-        batch = EpisodeBatch(env_id, group, None, 0, env_kwargs, max_steps, render=record and first)
-        try:
-            space = batch.envs.single_observation_space
-            if int(np.prod(space.shape)) != policy.obs_dim:
-                raise BaselineError(f"the policy is for observations of {policy.obs_dim} dimensions, the "
-                                    f"environment's have {int(np.prod(space.shape))}")
-            check_action_space(batch.envs.single_action_space, low, high, "this policy")
-            batch.reset()
-            frames = []
-            while batch.running.any():
-                if record and first and batch.running[0]:
-                    frames.append(batch.render_first())
-                active = np.flatnonzero(batch.running)
-                bar.update(len(batch.act(policy.act(batch.obs[active]))))
-            return Episodes(list(batch.returns), list(batch.lengths), frames=frames)
-        finally:
-            batch.close()
-
-    return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
+    return play(policy, env_id, seeds, env_kwargs, vectorized, n_envs, max_steps=max_steps, record=record,
+                progress=progress)
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------------

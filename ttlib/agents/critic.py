@@ -26,12 +26,12 @@ import torch.nn as nn
 from ttlib.data import trajectories as ttdata
 from ttlib.data.trajectories import split_episodes, subset
 from ttlib.errors import TTLibError
-from ttlib.training.checkpoint_files import write_payload
-from ttlib.training.checkpoints import CheckpointError, load_weights, pick_device, read_checkpoint
+from ttlib.training.checkpoint_files import CheckpointError, write_payload
+from ttlib.training.checkpoints import load_weights, pick_device, read_checkpoint
 
-__all__ = ["Critic", "CriticConfig", "CriticMember", "CriticError", "expectile_loss", "td_target", "value_loss",
-           "q_loss", "train_critic", "transitions", "critic_payload", "critic_from_payload", "load_critic",
-           "add_critic"]
+__all__ = ["Critic", "CriticConfig", "CriticError", "CriticMember", "add_critic", "critic_from_payload",
+           "critic_payload", "expectile_loss", "held_out", "load_critic", "mlp", "q_loss", "td_loss", "td_target",
+           "train_critic", "train_member", "transitions", "value_loss"]
 
 
 class CriticError(TTLibError, ValueError):

@@ -37,22 +37,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
-from ttlib.evaluation.rollout import (
-    EpisodeBatch,
-    Episodes,
-    EvalResult,
-    check_action_space,
-    check_env,
-    check_episodes,
-    play_in_waves,
-)
+from ttlib.errors import ConfigError, MismatchError
+from ttlib.evaluation.rollout import EvalResult, play
 from ttlib.model.attention import KVCache
 from ttlib.model.gpt import Block, TrajectoryGPT, check_dims
+from ttlib.training.checkpoint_files import CheckpointError
 from ttlib.training.checkpoints import (
-    CheckpointError,
     checkpoint_weights,
     dataset_summary,
     default_checkpoint,
@@ -62,6 +54,9 @@ from ttlib.training.checkpoints import (
     read_checkpoint,
 )
 from ttlib.training.train import RunConfig, fit, keep_best, load_and_split, start_training
+
+__all__ = ["COURSE_CHECKPOINT", "DTAgent", "DTConfig", "DTTrainConfig", "DTTrainResult", "DecisionTransformer", "KIND",
+           "Windows", "default_target", "evaluate", "interleave", "load_checkpoint", "returns_to_go", "train"]
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
 COURSE_CHECKPOINT = "dt_lunarlander.safetensors"  # the shipped Decision Transformer for the course dataset
@@ -162,7 +157,7 @@ class DecisionTransformer(nn.Module):
         """Tokens (B, T, C) through the blocks; with a cache they continue the tokens it holds. -> (B, T, C)."""
         start, T = (cache.length if cache is not None else 0), x.shape[1]
         if start + T > self.config.block_size:
-            raise ValueError(f"{start + T} tokens exceed the context of {self.config.context} triples")
+            raise MismatchError(f"{start + T} tokens exceed the context of {self.config.context} triples")
         allowed = self.allowed[start:start + T, :start + T]  # (T, start+T) causal
         for layer, block in enumerate(self.blocks):
             x = block(x, allowed, cache, layer)
@@ -287,21 +282,31 @@ def load_checkpoint(path: str | None = None, device: str = "auto", which: str = 
 
 # ---- acting -------------------------------------------------------------------------------------------------
 class DTAgent:
-    """Acts in E environments in lockstep, on the KV cache (use_cache=True) or by recomputing the window.
+    """Acts in E environments in lockstep, on the KV cache (use_cache=True) or by recomputing the window: an agent
+    of ttlib.agents.protocol.Agent, which rollout.play plays.
 
     Per step: `act(states)` -> actions, then `observe(rewards)` (which lowers every return-to-go by its reward).
-    The window holds `keep` to K triples (see the module docstring); both paths use the same window.
+    The window holds `keep` to K triples (see the module docstring); both paths use the same window. `start(seeds)`
+    begins new episodes, one row each, every row asking for `target_return` again.
     """
 
-    def __init__(self, model: DecisionTransformer, target_return, n_envs: int, use_cache: bool = True,
+    name = "this Decision Transformer"
+    clipped = 0  # it reads observations as they are: nothing to clip
+
+    def __init__(self, model: DecisionTransformer, target_return, n_envs: int = 1, use_cache: bool = True,
                  keep: int | None = None):
         c = model.config
-        self.model, self.use_cache = model, use_cache
+        self.model, self.use_cache, self.target_return = model, use_cache, target_return
+        self.obs_dim, self.act_dim = c.obs_dim, c.act_dim
         self.keep = keep if keep is not None else max(1, c.context // 2)
         if not 1 <= self.keep <= c.context:
-            raise ValueError(f"keep must be in [1, context = {c.context}], got {self.keep}")
-        device = model.ln_f.weight.device
-        self.target = torch.as_tensor(target_return, dtype=torch.float32, device=device).expand(n_envs).clone()
+            raise ConfigError(f"keep must be in [1, context = {c.context}], got {self.keep}")
+        self.start(range(n_envs))
+
+    def start(self, seeds) -> None:
+        """Forget everything: one new episode per seed, each asking for the target return."""
+        n_envs, c, device = len(seeds), self.model.config, self.model.ln_f.weight.device
+        self.target = torch.as_tensor(self.target_return, dtype=torch.float32, device=device).expand(n_envs).clone()
         self.t = 0  # steps taken so far
         self.returns = torch.zeros(n_envs, 0, 1, device=device)  # (E, n, 1) the window: R, s, a, t per step
         self.states = torch.zeros(n_envs, 0, c.obs_dim, device=device)  # (E, n, obs)
@@ -309,6 +314,9 @@ class DTAgent:
         self.timesteps = torch.zeros(n_envs, 0, dtype=torch.long, device=device)  # (E, n)
         self.cache = None
         self.passes = {"fresh": 0, "cached": 0}  # forward passes over a whole window / over 3 new tokens
+
+    def action_range(self) -> tuple[list[float], list[float]]:
+        return self.model.action_range()
 
     @torch.no_grad()
     def act(self, states) -> np.ndarray:
@@ -341,8 +349,9 @@ class DTAgent:
         self.t += 1
         return action.cpu().numpy()
 
-    def observe(self, rewards) -> None:
-        """Rewards (E,) of the step just taken: what is left to get is R_{t+1} = R_t - r_t."""
+    def observe(self, rewards, actions=None) -> None:
+        """Rewards (E,) of the step just taken: what is left to get is R_{t+1} = R_t - r_t. (The actions the
+        environments took are its own, already in its window.)"""
         self.target -= torch.as_tensor(np.asarray(rewards), dtype=torch.float32, device=self.target.device)
 
     def keep_rows(self, rows) -> None:
@@ -354,54 +363,27 @@ class DTAgent:
         if self.cache is not None:
             self.cache.reorder(rows)
 
+    def decision(self, row: int) -> None:
+        return None  # an action, nothing more to show
+
 
 def evaluate(model: DecisionTransformer, env_id: str, seeds, target_return: float, env_kwargs: dict | None = None,
              vectorized: bool = True, n_envs: int | None = None, max_steps: int | None = None,
              use_cache: bool = True, keep: int | None = None, record: bool = False,
              progress: bool = True) -> EvalResult:
-    """Play one episode per seed, conditioned on `target_return`; the same EvalResult as
-    ttlib.evaluation.rollout.evaluate.
+    """Play one episode per seed, conditioned on `target_return` (rollout.play with a `DTAgent`); the same
+    EvalResult as ttlib.evaluation.rollout.evaluate.
 
     vectorized=True steps up to `n_envs` (default: all seeds) environments together in a gymnasium.vector env and
     acts for all running ones in one batched call; False plays the episodes one after another.
     """
-    seeds = [int(s) for s in seeds]
-    check_episodes(seeds, n_envs, max_steps)
-
-    def play(group, first, bar):
-        return _run_wave(model, env_id, env_kwargs, group, target_return, max_steps, use_cache, keep,
-                         record and first, bar)
-
-    return play_in_waves(seeds, (n_envs or len(seeds)) if vectorized else 1, play, progress)
-
-
-def _run_wave(model, env_id, env_kwargs, seeds, target_return, max_steps, use_cache, keep, record, bar) -> Episodes:
-    """Episodes for `seeds`, stepped together in one vector environment (rollout.EpisodeBatch, no planner)."""
-    batch = EpisodeBatch(env_id, seeds, None, 0, env_kwargs, max_steps, render=record)
-    try:
-        space = batch.envs.single_action_space
-        check_env(batch.envs.single_observation_space, space, model)
-        check_action_space(space, *model.action_range(), "this Decision Transformer")
-        batch.reset()
-        agent = DTAgent(model, target_return, len(seeds), use_cache=use_cache, keep=keep)
-        frames = []
-        while batch.running.any():
-            threads.keep_fitting()  # as many torch threads as other programs leave cores free
-            active = np.flatnonzero(batch.running)  # the agent's rows, in this order
-            if record and batch.running[0]:
-                frames.append(batch.render_first())
-            ended = batch.act(agent.act(batch.obs[active]))
-            agent.observe(batch.reward[active])
-            if len(ended):
-                bar.update(len(ended))
-                agent.keep_rows(np.flatnonzero(batch.running[active]))
-        return Episodes(list(batch.returns), list(batch.lengths), frames=frames)
-    finally:
-        batch.close()
+    agent = DTAgent(model, target_return, use_cache=use_cache, keep=keep)
+    return play(agent, env_id, seeds, env_kwargs, vectorized, n_envs, max_steps=max_steps, record=record,
+                progress=progress)
 
 
 def default_target(info: dict) -> float:
     """The return to ask for when none is given: the dataset's expert reference score (its best behaviour)."""
     if info.get("ref_max_score") is not None:
         return float(info["ref_max_score"])
-    raise ValueError("this checkpoint's dataset has no reference scores: give a target return")
+    raise ConfigError("this checkpoint's dataset has no reference scores: give a target return")

@@ -34,13 +34,16 @@ import numpy as np
 import torch
 
 from ttlib.bench.flops import ATTENTION_PRODUCTS, LINEAR_PRODUCTS, plan_flops, product_flops, recorded_products, replay
+from ttlib.errors import ConfigError
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.beam import PlannerConfig, beam_plan, logits_along, tokens_fed
 from ttlib.planning.decoders import AUTO_ON_CPU
 from ttlib.planning.fast_decoder import BufferPool
 
-__all__ = ["plan_flops"]  # (re-exported from flops.py, where the FLOPs are counted)
+__all__ = ["DECODERS", "PRESETS", "Preset", "Timed", "bench_decoding", "bench_planning", "cpu_model", "decoders_for",
+           "environment", "faster_tt_planner", "matmul_rate", "plan_flops", "planner_for", "preset_name", "preset_of",
+           "profile_planning", "random_model", "seconds", "spread", "timed", "timed_planner"]
 
 
 @dataclass
@@ -105,7 +108,7 @@ def seconds(fn) -> float:
 def timed(fn, repeats: int, warmup: int = 1) -> float:
     """Median wall-clock seconds of fn() over `repeats` runs after `warmup` runs."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         fn()
     return statistics.median(seconds(fn) for _ in range(repeats))
@@ -128,7 +131,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _name(preset: str | Preset):
+def preset_name(preset: str | Preset):
     """How a result names its preset: the name, or every size of a Preset given as it is."""
     return preset if isinstance(preset, str) else asdict(preset)
 
@@ -177,7 +180,7 @@ def bench_decoding(preset: str | Preset = "halfcheetah", length: int | None = No
 
     t_cached = timed(cached, repeats)
     t_recompute = timed(recompute, repeats)
-    return {"benchmark": "decoding", "preset": _name(preset), "length": length, "batch": batch,
+    return {"benchmark": "decoding", "preset": preset_name(preset), "length": length, "batch": batch,
             "tokens_per_s_cached": batch * length / t_cached, "tokens_per_s_recompute": batch * length / t_recompute,
             "speedup": t_recompute / t_cached, **environment(device)}
 
@@ -228,7 +231,7 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
     recomputing decoder's logits along a plan (its first 4 environments). faster_tt: a checkout of faster-TT, whose
     batch_beam_plan is then timed alternately with ours on a model of the same shape, `faster_tt_repeats` times."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     decoders = tuple(decoders or decoders_for(device))
     p = preset_of(preset)
     model, tokenizer = random_model(p, device, getattr(torch, dtype))
@@ -259,7 +262,7 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
         if uncached_repeats > 0 else float("nan")
     plan = run(default)  # the decoders on the same tokens (the default's plan): their largest logit difference
     recomputed = logits_along(model, prefix[:4], plan.bins[:4], "recompute")
-    out.update({"benchmark": "planning", "preset": _name(preset), "batch": batch, "beam_width": p.beam_width,
+    out.update({"benchmark": "planning", "preset": preset_name(preset), "batch": batch, "beam_width": p.beam_width,
                 "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
                 "seq_len": model.config.block_size + 1, "dtype": dtype,
                 "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim, p.horizon),
@@ -322,8 +325,8 @@ def faster_tt_planner(checkout: str, preset: Preset, batch: int, device="cpu"):
 
     root = Path(checkout).resolve()
     if not (root / "trajectory" / "planning" / "beam.py").is_file():
-        raise ValueError(f"no faster-TT checkout at {checkout} (trajectory/planning/beam.py is missing): clone "
-                         "github.com/Howuhh/faster-trajectory-transformer there")
+        raise ConfigError(f"no faster-TT checkout at {checkout} (trajectory/planning/beam.py is missing): clone "
+                          "github.com/Howuhh/faster-trajectory-transformer there")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     if "trajectory.models.gpt" not in sys.modules:
@@ -375,7 +378,7 @@ def profile_planning(preset: str | Preset = "halfcheetah", batch: int = 1, devic
         kind = next((k for k, ops in kinds.items() if e.key in ops), "everything else (small ops, views, Python)")
         shares[kind] += e.self_cpu_time_total / total
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    return {"benchmark": "planning-profile", "preset": _name(preset), "batch": batch, "aten_ops_per_plan": ops,
+    return {"benchmark": "planning-profile", "preset": preset_name(preset), "batch": batch, "aten_ops_per_plan": ops,
             "op_time_ms": total / 1000, "plan_ms_unprofiled": 1000 * plan_s,  # (the profiler's own cost shows)
             "time_shares": {k: round(v, 3) for k, v in shares.items()},
             **environment(device)}

@@ -15,6 +15,9 @@ import torch
 from ttlib.model.gpt import GPTConfig
 from ttlib.planning.beam import PlannerConfig
 
+__all__ = ["ATTENTION_PRODUCTS", "LINEAR_PRODUCTS", "plan_flops", "product_flops", "recorded_products", "replay",
+           "token_flops"]
+
 
 def token_flops(config: GPTConfig, keys: int, head: bool) -> int:
     """Matmul FLOPs to push one token through the model when it attends to `keys` tokens."""

@@ -15,8 +15,11 @@ import time
 import numpy as np
 import torch
 
-from ttlib.bench.decoding import Preset, _name, environment, planner_for, preset_of, random_model, timed
+from ttlib.bench.decoding import Preset, environment, planner_for, preset_name, preset_of, random_model, timed
+from ttlib.errors import ConfigError
 from ttlib.planning.beam import PlannerConfig
+
+__all__ = ["bench_distributed", "bench_rollouts", "bench_training"]
 
 
 def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | None = None,
@@ -34,17 +37,17 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
     from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     k = episodes if sequential_episodes is None else sequential_episodes
     if not 1 <= k <= episodes:
-        raise ValueError(f"sequential_episodes must be between 1 and episodes ({episodes}), got {k}")
+        raise ConfigError(f"sequential_episodes must be between 1 and episodes ({episodes}), got {k}")
     if preset is None:
         model, tokenizer, payload = load_checkpoint(checkpoint or default_checkpoint(), device=device)
         env_id, env_kwargs = payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]
         planner = planner or PlannerConfig(beam_width=8, horizon=3, sample_expand=2, context=3)
     else:
         if env_id is None:
-            raise ValueError("a preset's random model needs an environment of its shape: pass env_id")
+            raise ConfigError("a preset's random model needs an environment of its shape: pass env_id")
         model, tokenizer = random_model(preset, device)
         env_kwargs, planner = None, planner or planner_for(preset_of(preset))
     seeds = list(range(1000, 1000 + episodes))
@@ -58,7 +61,7 @@ def bench_rollouts(episodes: int = 25, max_steps: int = 50, checkpoint: str | No
     vec, seq = [run(seeds, True) for _ in range(repeats)], [run(seeds[:k], False) for _ in range(repeats)]
     vec_s, seq_s = float(np.median([r.seconds for r in vec])), float(np.median([r.seconds for r in seq]))
     same = all(np.array_equal(v.returns[:k], s.returns) for v in vec for s in seq)
-    return {"benchmark": "rollouts", "env_id": env_id, "preset": None if preset is None else _name(preset),
+    return {"benchmark": "rollouts", "env_id": env_id, "preset": None if preset is None else preset_name(preset),
             "episodes": episodes, "steps": vec[0].steps, "max_steps": max_steps, "repeats": repeats,
             "vectorized_s": vec_s, "sequential_episodes": k, "sequential_steps": seq[0].steps,
             "sequential_s": seq_s, "speedup": (seq_s / k) / (vec_s / episodes), "same_returns": same,
@@ -83,7 +86,7 @@ def bench_training(preset: str | Preset = "lunarlander", batch_size: int = 64, s
         optimizer.step()
 
     seconds = timed(step, steps, warmup=3)
-    return {"benchmark": "training", "preset": _name(preset), "batch_size": batch_size, "seq_len": T,
+    return {"benchmark": "training", "preset": preset_name(preset), "batch_size": batch_size, "seq_len": T,
             "tokens_per_s": batch_size * T / seconds, "ms_per_step": 1000 * seconds, **environment(device)}
 
 
@@ -92,8 +95,9 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
                       progress: bool = False) -> dict:
     """The same episodes in one process and on K Ray workers, local and central inference: episodes/s, whether
     the returns are identical, and what one call to an actor costs next to an in-process call."""
-    from ttlib.evaluation.ray_evaluation import LocalWorker, RayEvaluator, connect
-    from ttlib.evaluation.rollout import EpisodeBatch, evaluate
+    from ttlib.evaluation.ray_cluster import connect
+    from ttlib.evaluation.ray_evaluation import LocalWorker, RayEvaluator
+    from ttlib.evaluation.rollout import EpisodeBatch, PlannerAgent, evaluate
     from ttlib.planning.beam import course_planner
     from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
@@ -117,8 +121,9 @@ def bench_distributed(workers=(1, 2, 4), episodes: int = 8, max_steps: int = 20,
                     out[f"{layout}_{k}_episodes_per_s"] = episodes / result.seconds
                     out[f"{layout}_{k}_same_returns"] = bool(np.array_equal(result.returns, one.returns))
                     if not central and k == workers[0]:  # one round trip to an actor, empty and with contexts
-                        batch = EpisodeBatch(info["env_id"], seeds, tokenizer, planner.context, info["env_kwargs"])
-                        _, prefix, keys = batch.reset().observe()
+                        contexts = PlannerAgent(None, tokenizer, planner)  # a central environment worker's
+                        batch = EpisodeBatch(contexts, info["env_id"], seeds, info["env_kwargs"]).reset()
+                        prefix, keys = contexts.request(batch.observations())
                         batch.close()
                         message = {"prefix": prefix.numpy(), "keys": keys.numpy()}  # what a worker sends per step
                         out["ray_call_us"] = 1e6 * evaluator.call_seconds(call_repeats)

@@ -1,1 +1,3 @@
 """The `ttlib` command line: one module per group of commands."""
+
+__all__: list[str] = []

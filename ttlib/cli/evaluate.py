@@ -1,64 +1,17 @@
-"""`ttlib evaluate`: a checkpoint (Trajectory GPT or Decision Transformer) played in its dataset's environment,
-in one process or over Ray workers, with the planner its options ask for; or a baseline (--model bc, iql:
-ttlib.cli.baselines)."""
+"""`ttlib evaluate`: an agent of ttlib.agents.registry -- a checkpoint's (Trajectory GPT, Decision Transformer,
+baseline policy) or a baseline trained now (--model bc, iql: ttlib.cli.baselines) -- played in its dataset's
+environment by rollout.play, or (the planner) over Ray workers, with what its options ask for."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-from ttlib.cli.baselines import add_baseline_options
+from ttlib.cli.baselines import BASELINES, POLICY_NAMES, add_baseline_options, check_evaluate_args, policy_options
+from ttlib.cli.options import add_config_options, given, given_options
 from ttlib.cli.train import which_arg
+from ttlib.errors import ConfigError
 
-
-def _weights_words(info: dict) -> str:
-    """"the best model, step 500" -- which of a checkpoint's models was loaded
-    (ttlib.training.checkpoints.weights_info)."""
-    step = f", step {info['step']}" if info.get("step") is not None else ""
-    return f"the {info['which']} model{step}"
-
-
-def _cmd_evaluate_dt(args):
-    from ttlib.agents import dt
-    from ttlib.training.checkpoints import weights_info
-
-    if args.checkpoint is None:
-        args.checkpoint = dt.default_checkpoint(dt.COURSE_CHECKPOINT)
-    model, payload = dt.load_checkpoint(args.checkpoint, device=args.device, which=args.which)
-    info = payload["dataset"]
-    env_id, env_kwargs = _env_for(args, info)
-    target = args.target_return if args.target_return is not None else dt.default_target(info)
-    seeds = list(range(args.seed, args.seed + args.episodes))
-    result = dt.evaluate(model, env_id, seeds, target, env_kwargs=env_kwargs,
-                         vectorized=not args.sequential, n_envs=args.n_envs, max_steps=args.max_steps,
-                         record=args.video is not None)
-    report = {"model": "dt", "target_return": target, **result.return_stats(),
-              "returns": result.returns.tolist(), "steps": result.steps, "seconds": result.seconds,
-              "dataset_mean_return": info["mean_return"],
-              "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
-              "weights": weights_info(payload, args.which)}
-    if args.video:
-        from ttlib.evaluation.rollout import save_video
-
-        report["video"] = save_video(result.frames, args.video)
-    if args.json:
-        print(json.dumps(report))
-        return
-    print(f"Decision Transformer ({_weights_words(report['weights'])}), target return {target:.1f}: "
-          f"{result.summary()}")
-    print(f"dataset mean return {info['mean_return']:.1f}, scripted expert {report['expert_mean_return']}")
-
-
-def _agent_of(args) -> str:
-    """tt, dt, bc or iql: --model says so, else the checkpoint's kind does (tt without either)."""
-    from ttlib.training.checkpoints import read_checkpoint
-
-    if args.model is not None or args.checkpoint is None:
-        return args.model or "tt"
-    payload = read_checkpoint(args.checkpoint, kind=None)
-    if payload.get("kind") == "policy":
-        return payload["policy_config"]["kind"]
-    return "dt" if payload.get("kind") == "decision-transformer" else "tt"
+__all__ = ["PLANNER_NAMES", "add_evaluate"]
 
 
 def _env_for(args, info: dict) -> tuple[str, dict]:
@@ -71,8 +24,8 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     env_id = args.env or info.get("env_id")
     env_kwargs = dict(info.get("env_kwargs") or {}) if env_id == info.get("env_id") else {}
     if env_id is None:
-        raise ValueError(f"dataset {info.get('id')} names no environment to evaluate in; pass a gymnasium id "
-                         "with --env ENV_ID")
+        raise ConfigError(f"dataset {info.get('id')} names no environment to evaluate in; pass a gymnasium id "
+                          "with --env ENV_ID")
     env = make_env(env_id, env_kwargs)
     try:
         if info.get("action_low") is not None and isinstance(env.action_space, gym.spaces.Box):
@@ -82,37 +35,16 @@ def _env_for(args, info: dict) -> tuple[str, dict]:
     return env_id, env_kwargs
 
 
-def _planner_from(args, critic, payload: dict | None = None):
-    """The planner the options ask for: `critic_planner()` when scoring with the checkpoint's critic (--value
-    critic, the default when it has one), `imitation_planner()` for --value likelihood (the default for a model
-    trained on the best episodes only, --top-percent), else `course_planner()`; options given override single
-    fields."""
-    from ttlib.planning.beam import course_planner, critic_planner, imitation_planner
-
-    imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
-    value = args.value or ("critic" if critic is not None else "likelihood" if imitates else "token")
-    if value == "critic" and critic is None:
-        raise ValueError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
-                         "--checkpoint PATH`, or plan with --value token")
-    given = {"beam_width": args.beam_width, "horizon": args.horizon, "sample_expand": args.expand,
-             "context": args.context, "top_k_action": args.top_k, "top_p_action": args.top_p, "decoder": args.decoder}
-    overrides = {name: value for name, value in given.items() if value is not None}
-    if overrides.get("top_k_action") == 0:
-        overrides["top_k_action"] = None  # --top-k 0: all bins
-    planner = {"critic": critic_planner, "likelihood": imitation_planner, "token": course_planner}[value]
-    return planner(**overrides)
-
-
 def _check_distributed_args(args):
     """--workers/--central/--address: contradictions and a missing Ray or cluster fail before any loading."""
     if args.workers is None:
         if args.central or args.address:
-            raise ValueError("--central and --address need --workers K (the number of Ray workers)")
+            raise ConfigError("--central and --address need --workers K (the number of Ray workers)")
         return
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.sequential or args.video:
-        raise ValueError("--sequential plays in one process and --video records there: leave out --workers")
+        raise ConfigError("--sequential plays in one process and --video records there: leave out --workers")
     from ttlib.evaluation import ray_cluster
 
     ray_cluster.import_ray()
@@ -120,72 +52,96 @@ def _check_distributed_args(args):
         ray_cluster.check_reachable(args.address)
 
 
+def _agent_of(args) -> str:
+    """tt, dt, bc or iql: --model says so, else the checkpoint's kind does (tt without either)."""
+    from ttlib.agents import registry
+
+    if args.model is not None or args.checkpoint is None:
+        return args.model or "tt"
+    return registry.name_of(args.checkpoint)
+
+
 def _cmd_evaluate(args):
-    from ttlib.agents.critic import load_critic
-    from ttlib.evaluation.rollout import check_episodes, evaluate, save_video
-    from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, weights_info
+    from ttlib.agents import registry
+    from ttlib.evaluation.rollout import check_episodes, play
+    from ttlib.planning.beam import PlannerConfig
 
     check_episodes(range(args.episodes), args.n_envs, args.max_steps)  # before loading anything
-    from ttlib.cli.baselines import BASELINES, check_evaluate_args, cmd_evaluate_policy
-
     args.model = _agent_of(args)
-    check_evaluate_args(args)
-    if args.model in BASELINES:
-        return cmd_evaluate_policy(args, _env_for)
-    if args.model == "dt":
-        if args.workers is not None:
-            raise ValueError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
-                             "acts in milliseconds, so evaluate it in one process (leave out --workers)")
-        return _cmd_evaluate_dt(args)
-    if args.target_return is not None:
-        raise ValueError("--target-return is for Decision Transformer checkpoints (--model dt)")
+    check_evaluate_args(args, sorted(given_options(args, [PlannerConfig()], PLANNER_NAMES)))
+    if args.model == "dt" and args.workers is not None:
+        raise ConfigError("--workers spreads Trajectory Transformer planning over Ray; a Decision Transformer "
+                          "acts in milliseconds, so evaluate it in one process (leave out --workers)")
+    if args.model == "tt" and args.target_return is not None:
+        raise ConfigError("--target-return is for Decision Transformer checkpoints (--model dt)")
     _check_distributed_args(args)
-    path = args.checkpoint or default_checkpoint()
-    model, tokenizer, payload = load_checkpoint(path, device=args.device, which=args.which)
-    critic = load_critic(path, device=args.device, payload=payload)
-    planner = _planner_from(args, critic, payload)
-    info = payload["dataset"]
+    options = {**vars(args), "progress": not args.json}
+    loaded = registry.load(args.model, **{name: options[name] for name in registry.options_of(args.model)},
+                           **_config_options(args))
+    info = loaded.dataset
     env_id, env_kwargs = _env_for(args, info)
     seeds = list(range(args.seed, args.seed + args.episodes))
     if args.workers is not None:
-        from ttlib.evaluation.ray_evaluation import evaluate_distributed
-
-        result = evaluate_distributed(model, tokenizer, env_id, seeds, planner,
-                                      workers=args.workers, central=args.central, env_kwargs=env_kwargs,
-                                      max_steps=args.max_steps, address=args.address, progress=not args.json,
-                                      critic=critic if planner.value == "critic" else None)
+        result = _evaluate_on_ray(args, loaded.agent, env_id, env_kwargs, seeds)
     else:
-        result = evaluate(model, tokenizer, env_id, seeds, planner,
-                          env_kwargs=env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
-                          max_steps=args.max_steps, record=args.video is not None, critic=critic)
-    report = {**result.return_stats(), "returns": result.returns.tolist(), "steps": result.steps,
+        result = play(loaded.agent, env_id, seeds, env_kwargs, vectorized=not args.sequential, n_envs=args.n_envs,
+                      max_steps=args.max_steps, record=args.video is not None, progress=not args.json)
+    _report(args, loaded, result)
+
+
+def _config_options(args) -> dict:
+    """The fields of the agent's config given on the command line, for its loader: the planner's (PlannerConfig)
+    or a baseline's trained now (PolicyConfig)."""
+    from ttlib.planning.beam import PlannerConfig
+
+    if args.model == "tt":
+        return given(args, PlannerConfig(), PLANNER_NAMES)
+    return policy_options(args, args.model, POLICY_NAMES) if args.model in BASELINES else {}
+
+
+def _evaluate_on_ray(args, agent, env_id, env_kwargs, seeds):
+    """The planner's episodes spread over Ray workers (ttlib.evaluation.ray_evaluation)."""
+    from ttlib.evaluation.ray_evaluation import evaluate_distributed
+
+    return evaluate_distributed(agent.model, agent.tokenizer, env_id, seeds, agent.planner, workers=args.workers,
+                                central=args.central, env_kwargs=env_kwargs, max_steps=args.max_steps,
+                                address=args.address, progress=not args.json,
+                                critic=agent.critic if agent.planner.value == "critic" else None)
+
+
+def _report(args, loaded, result) -> None:
+    """What `ttlib evaluate` prints: a JSON object (--json), or a few lines."""
+    from ttlib.evaluation.rollout import save_video
+
+    info = loaded.dataset
+    report = {**loaded.report, **result.return_stats(), "returns": result.returns.tolist(), "steps": result.steps,
               "seconds": result.seconds, "dataset_mean_return": info["mean_return"],
               "expert_mean_return": info.get("mean_return_by_behaviour", {}).get("expert"),
-              "clipped_observations": result.clipped_observations, "planner": dataclasses.asdict(planner),
-              "weights": weights_info(payload, args.which)}
+              "clipped_observations": result.clipped_observations}
     if args.workers is not None:
         report.update(workers=result.workers, layout=result.layout, actor_deaths=result.actor_deaths)
     if info.get("ref_min_score") is not None and info.get("ref_max_score") is not None:
         span = info["ref_max_score"] - info["ref_min_score"]
         report["normalized_score"] = (report["mean_return"] - info["ref_min_score"]) / span
     if args.video:
-        save_video(result.frames, args.video)
-        report["video"] = args.video
+        report["video"] = save_video(result.frames, args.video)
     if args.json:
         print(json.dumps(report))
         return
-    print(f"{_weights_words(report['weights'])}: {result.summary()}")
-    if planner.value == "token" and critic is None:
-        print("planned with the value token: this checkpoint has no critic (`ttlib train-critic` adds one)")
-    print(f"dataset mean return {info['mean_return']:.1f}", end="")
-    if report["expert_mean_return"] is not None:
-        print(f", scripted expert {report['expert_mean_return']:.1f}", end="")
-    print(f"; normalized score {report['normalized_score']:.2f}" if "normalized_score" in report else "")
+    print(f"{loaded.title}: {result.summary()}")
+    for note in loaded.notes:
+        print(note)
+    expert = report["expert_mean_return"]
+    print(f"dataset {info.get('id')}: mean return {info['mean_return']:.1f}"
+          + (f", scripted expert {expert:.1f}" if expert is not None else "")
+          + (f"; normalized score {report['normalized_score']:.2f}" if "normalized_score" in report else ""))
     if args.video:
         print(f"video of the first episode: {args.video}")
 
 
 def add_evaluate(sub) -> None:
+    from ttlib.agents.registry import AGENTS
+
     p = sub.add_parser("evaluate", help="plan with a checkpoint in its environment")
     p.add_argument("--checkpoint", help="default: the shipped course checkpoint")
     p.add_argument("--episodes", type=int, default=10)
@@ -205,32 +161,26 @@ def add_evaluate(sub) -> None:
     which_arg(p, "the checkpoint's model to play")
     p.add_argument("--video", help="save the first episode as a GIF/MP4 here")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--model", choices=["tt", "dt", "bc", "iql"], default=None, help="the agent: the Trajectory "
-                   "Transformer, the Decision Transformer, behaviour cloning (with --top-percent: %%BC) or IQL's "
-                   "policy (default: the checkpoint's kind; tt if none)")
+    p.add_argument("--model", choices=list(AGENTS), default=None, help="the agent: " + ", ".join(
+        f"{name} ({entry.about})" for name, entry in AGENTS.items()).replace("%", "%%")
+        + " (default: the checkpoint's kind; tt if none)")
     p.add_argument("--target-return", type=float, default=None, help="dt only: the return to ask for "
                    "(default: the dataset's expert reference score)")
     add_baseline_options(p, evaluate=True)
     p.set_defaults(func=_cmd_evaluate)
 
 
+PLANNER_NAMES = {"sample_expand": ("--sample-expand", "--expand"), "top_k_action": ("--top-k-action", "--top-k"),
+                 "top_p_action": ("--top-p-action", "--top-p")}  # the old spellings stay (docs/RESULTS.md)
+
+
 def _planner_args(p):
-    from ttlib.planning.beam import VALUES, course_planner, critic_planner
-    from ttlib.planning.decoders import DECODERS
+    from ttlib.planning.beam import course_planner, critic_planner, imitation_planner
 
-    t, c = course_planner(), critic_planner()
-
-    def default(name: str) -> str:
-        return f"default {getattr(c, name)} with the critic, {getattr(t, name)} with the value token"
-
-    p.add_argument("--value", choices=list(VALUES), default=None, help="what scores plans: the checkpoint's Q "
-                   "critic (the default when it has one), the model's value token, or the likelihood of the plan's "
-                   "actions (imitation: the default for a model trained with --top-percent)")
-    p.add_argument("--beam-width", type=int, default=None, help=default("beam_width"))
-    p.add_argument("--horizon", type=int, default=None, help=default("horizon"))
-    p.add_argument("--expand", type=int, default=None, help=default("sample_expand"))
-    p.add_argument("--context", type=int, default=None, help=default("context"))
-    p.add_argument("--top-k", type=int, default=None, help=default("top_k_action") + "; 0: all bins")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus for actions (default: all bins)")
-    p.add_argument("--decoder", choices=list(DECODERS), default=None, help="where the planner's logits come from "
-                   "(the plan is the same): auto (default) takes the fastest measured on the device")
+    presets = {"--value critic": critic_planner(), "--value likelihood": imitation_planner(),
+               "--value token": course_planner()}
+    group = p.add_argument_group("the planner (--model tt)")
+    add_config_options(group, presets, names=PLANNER_NAMES, notes={
+        "value": "default: critic when the checkpoint has one, likelihood for a model trained with --top-percent, "
+                 "else token; each is a preset of the other options",
+        "top_k_action": "0: all bins;"})

@@ -25,7 +25,11 @@ import sys
 from ttlib.cli.evaluate import add_evaluate
 from ttlib.cli.train import add_train, add_train_critic, where_to_resume
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import TTLibError
 from ttlib.grading import cli as grading_cli
+
+__all__ = ["COMPUTES", "build_parser", "main"]
+COMPUTES = ("train", "train-critic", "evaluate", "bench")  # the commands whose work is torch's, on CPU threads
 
 
 def _cmd_make_dataset(args):
@@ -51,10 +55,7 @@ def _cmd_datasets(args):
 def _cmd_lab(args):
     from ttlib.course import lab
 
-    try:
-        code = lab.main(args.jupyter_options)
-    except FileNotFoundError as error:
-        raise ValueError(str(error)) from None
+    code = lab.main(args.jupyter_options)
     if code:
         raise SystemExit(code)
 
@@ -197,9 +198,8 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
-    from ttlib.evaluation.ray_cluster import DistributedError
-    from ttlib.training.checkpoints import CheckpointError
-
+    """Run one command. A TTLibError (a mistake in what the user gave) prints as one line and exits with 2; any
+    other exception is a bug and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's
         args = build_parser().parse_args(["lab"])
@@ -210,9 +210,13 @@ def main(argv=None) -> int:
         args.nbgrader_options = options
     else:
         args = build_parser().parse_args(argv)
+    if args.command in COMPUTES:  # the process is this command's: its torch threads, the cores others leave free
+        from ttlib.course import threads
+
+        threads.fit()
     try:
         args.func(args)
-    except (ttdata.DatasetError, CheckpointError, ValueError, DistributedError) as e:
+    except TTLibError as e:
         print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

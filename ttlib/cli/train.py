@@ -3,6 +3,33 @@
 from __future__ import annotations
 
 from ttlib.cli.baselines import add_baseline_options
+from ttlib.cli.options import add_config_options, config_from, given_options
+from ttlib.errors import ConfigError
+
+__all__ = ["CRITIC_SKIP", "TRAIN_SKIP", "add_train", "add_train_critic", "train_configs", "where_to_resume",
+           "which_arg"]
+
+TRAIN_SKIP = ("obs_dim", "act_dim", "action_low", "action_high", "kind")  # the data's (train.FROM_DATA); --model
+
+
+def train_configs() -> dict:
+    """The configs whose fields are `ttlib train`'s options, by --model (TRAIN_SKIP: the fields that are not)."""
+    from ttlib.agents.baselines import PolicyConfig
+    from ttlib.agents.dt import DTTrainConfig
+    from ttlib.training.train import TrainConfig
+
+    return {"tt": TrainConfig(), "dt": DTTrainConfig(), "bc/iql": PolicyConfig()}
+
+
+def _refuse_others(args, whose: str, allowed=()) -> None:
+    """Options of the other models' configs, not of this one's, are refused, naming them."""
+    configs = train_configs()
+    mine = given_options(args, [configs[whose]]) | set(allowed)
+    others = sorted(given_options(args, configs.values()) - mine)
+    if others:
+        owners = [f"{name} is for --model " + "/".join(who for who, config in configs.items()
+                                                      if name in given_options(args, [config])) for name in others]
+        raise ConfigError(f"--model {args.model} has no option {', '.join(others)} ({'; '.join(owners)})")
 
 
 def _cmd_train(args):
@@ -10,18 +37,16 @@ def _cmd_train(args):
 
     if args.model == "dt":
         if args.workers != 1 or args.ray is not None:
-            raise ValueError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
-                             "process (leave them out with --model dt)")
+            raise ConfigError("--workers and --ray train the Trajectory GPT; the Decision Transformer trains in one "
+                              "process (leave them out with --model dt)")
         return _cmd_train_dt(args)
     if args.model in ("bc", "iql"):
         return _cmd_train_baseline(args)
     if args.critic is not None or args.beta is not None:
-        raise ValueError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
-                         "train-critic`)")
-    if any(getattr(args, n) is not None for n in ("context", "rtg_scale", "max_timestep")):
-        raise ValueError("--context, --rtg-scale and --max-timestep are Decision Transformer options (--model dt)")
-    overrides = _given_settings(args, TrainConfig)
-    config = TrainConfig.from_settings({**_resumed_config(args, TrainConfig, "trajectory-gpt"), **overrides})
+        raise ConfigError("--critic and --beta are for --model iql (a TT checkpoint gets its critic from `ttlib "
+                          "train-critic`)")
+    _refuse_others(args, "tt")
+    config = config_from(args, _resumed_config(args, TrainConfig(), "trajectory-gpt"))
     parallel = args.workers != 1 or args.ray is not None
     if parallel:  # torchrun's workers, each a slice of every batch (ttlib.training.data_parallel)
         from ttlib.training import data_parallel, ray_training
@@ -58,33 +83,22 @@ def _trained(args, result, losses: str, config) -> None:
     print(best_line(result.best, history) + (f". {warning[0].upper()}{warning[1:]}" if warning else ""))
 
 
-def _resumed_config(args, config_class, kind: str) -> dict:
+def _resumed_config(args, config, kind: str):
     """--resume continues the checkpoint's run: its own settings are the defaults (a flag that differs from them
     is refused by the training's check_resume, naming it), so no flag has to be repeated."""
     if args.resume is None:
-        return {}
+        return config
     from ttlib.training.checkpoints import read_checkpoint
 
     saved = read_checkpoint(args.resume, kind=kind).get("train_config")
-    return config_class.from_settings(saved).settings() if saved else {}
-
-
-def _given_settings(args, config_class) -> dict:
-    """The settings of `config_class` given on the command line (an option left out is None)."""
-    names = config_class().settings()
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return type(config).from_settings(saved) if saved else config
 
 
 def _cmd_train_dt(args):
     from ttlib.agents import dt
-    from ttlib.training.train import TrainConfig
 
-    given = set(_given_settings(args, TrainConfig)) - set(dt.DTTrainConfig().settings())
-    if given:
-        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
-        raise ValueError(f"--model dt has no option {options} (those are the Trajectory GPT's)")
-    overrides = _given_settings(args, dt.DTTrainConfig)
-    config = dt.DTTrainConfig.from_settings({**_resumed_config(args, dt.DTTrainConfig, dt.KIND), **overrides})
+    _refuse_others(args, "dt")
+    config = config_from(args, _resumed_config(args, dt.DTTrainConfig(), dt.KIND))
     result = dt.train(config, out=args.out, resume=args.resume)
     last = result.history[-1]
     _trained(args, result, f"a Decision Transformer in {result.seconds:.0f} s, train loss "
@@ -93,20 +107,12 @@ def _cmd_train_dt(args):
 
 def _cmd_train_baseline(args):
     from ttlib.cli.baselines import cmd_train_policy
-    from ttlib.training.train import TrainConfig
 
-    given = set(_given_settings(args, TrainConfig)) - {"dataset", "steps", "seed", "top_percent"}
-    given |= {n for n in ("context", "rtg_scale", "max_timestep") if getattr(args, n) is not None}
-    if given:
-        options = ", ".join(sorted("--" + n.replace("_", "-") for n in given))
-        raise ValueError(f"--model {args.model} has no option {options}: its options are --dataset, --steps, "
-                         "--seed, --top-percent and (iql) --critic")
+    _refuse_others(args, "bc/iql", allowed={"--dataset"})  # the data to learn from: a TrainConfig field
     cmd_train_policy(args)
 
 
 def add_train(sub) -> None:
-    from ttlib.training.train import TrainConfig
-
     p = sub.add_parser("train", help="train a Trajectory GPT")
     p.add_argument("--out", required=True, help="checkpoint path (written during training too)")
     p.add_argument("--resume", help="continue from this checkpoint")
@@ -114,26 +120,14 @@ def add_train(sub) -> None:
     which_arg(p, "the model --export copies")
     p.add_argument("--model", choices=["tt", "dt", "bc", "iql"], default="tt", help="Trajectory GPT, Decision "
                    "Transformer, or a baseline: behaviour cloning (%%BC with --top-percent) or IQL's policy")
-    p.add_argument("--context", type=int, default=None, help="dt only: context K in triples (default 20)")
-    p.add_argument("--rtg-scale", dest="rtg_scale", type=float, default=None, help="dt only: default 100")
-    p.add_argument("--max-timestep", dest="max_timestep", type=int, default=None, help="dt only: default 1000")
     p.add_argument("--workers", type=int, default=1, help="data-parallel worker processes, each a slice of every "
                    "batch (torchrun; gloo on CPUs, one GPU each with nccl); default 1")
     p.add_argument("--ray", metavar="ADDRESS", default=None, help="run the --workers on the Ray cluster at ADDRESS "
                    "(HOST:PORT; --out must be on storage its machines share)")
     p.add_argument("--max-restarts", dest="max_restarts", type=int, default=3, help="with --workers: how often the "
                    "workers start again from the last checkpoint when one dies (default 3)")
-    explain = {"early_stop": "stop after this many evaluations in a row more than 1%% above the best validation "
-                             "loss (default 0: never)",
-               "steps": "default: fitted to the dataset's size (said when training starts); --model dt: 1000",
-               "eval_every": "default: fitted to the dataset's size; --model dt: 250",
-               "top_percent": "learn from the best PERCENT of the episodes by return (default 100: all); with "
-                              "--model bc it makes %%BC, with tt a model for the imitation planner"}
-    for name, default in TrainConfig().settings().items():  # the model's settings among them (--n-layer, ...)
-        fitted = default is None  # left to the data (train.fit_recipe)
-        default_is = "default: fitted to the dataset's size" if fitted else f"default {default}"
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if fitted else type(default), default=None,
-                       help=explain.get(name, default_is))
+    add_config_options(p.add_argument_group("what to train (each option's help says which --model takes it)"),
+                       train_configs(), skip=TRAIN_SKIP, notes={"dataset": "bc/iql learn from it too;"})
     add_baseline_options(p, evaluate=False)
     p.set_defaults(func=_cmd_train)
 
@@ -143,16 +137,16 @@ def which_arg(p, what: str) -> None:
                    "(default) or the last step's")
 
 
+CRITIC_SKIP = ("gamma",)  # the checkpoint's own, which its value targets were made with (critic.add_critic)
+
+
 def add_train_critic(sub) -> None:
     from ttlib.agents.critic import CriticConfig
 
     p = sub.add_parser("train-critic", help="add a Q critic (IQL) to a Trajectory GPT checkpoint, for the planner")
     p.add_argument("--checkpoint", required=True, help="Trajectory GPT checkpoint; the critic is written into it")
     p.add_argument("--out", help="write the checkpoint with its critic here instead (default: in place)")
-    for name in ("expectile", "steps", "members", "batch_size", "learning_rate", "hidden", "seed", "val_fraction"):
-        default = getattr(CriticConfig(), name)
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default,
-                       help=f"default {default}")
+    add_config_options(p.add_argument_group("the critic"), {"critic": CriticConfig()}, skip=CRITIC_SKIP)
     p.set_defaults(func=_cmd_train_critic)
 
 
@@ -161,9 +155,7 @@ def _cmd_train_critic(args):
 
     from ttlib.agents.critic import CriticConfig, add_critic
 
-    config = CriticConfig(expectile=args.expectile, steps=args.steps, members=args.members,  # gamma: the checkpoint's
-                          batch_size=args.batch_size, learning_rate=args.learning_rate, hidden=args.hidden,
-                          seed=args.seed, val_fraction=args.val_fraction)
+    config = config_from(args, CriticConfig())
     t0 = time.perf_counter()
     _, history = add_critic(args.checkpoint, config, out=args.out)
     last = history[-1]
@@ -183,7 +175,8 @@ def where_to_resume(args) -> str:
     """After Ctrl-C in `ttlib train`: the last checkpoint (written atomically, so whole) and how to go on."""
     if args.command != "train":
         return ""
-    from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+    from ttlib.training.checkpoint_files import CheckpointError
+    from ttlib.training.checkpoints import read_checkpoint
 
     try:
         step = read_checkpoint(args.out, kind=None)["step"]

@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ttlib.errors import UnavailableError
+
+__all__ = ["LEARNER_CONFIG", "course_notebooks", "learner_env", "main"]
+
 LEARNER_CONFIG = Path(__file__).resolve().parent / "learner_jupyter"
 
 
@@ -22,8 +26,8 @@ def course_notebooks() -> Path:
     repo = Path(__file__).resolve().parents[2]
     student = repo / "notebooks" / "student"
     if not student.is_dir():
-        raise FileNotFoundError(f"no notebooks/student/ next to ttlib in {repo}: `ttlib lab` opens the course from "
-                                "a clone of its repository (python -m pip install -e . there)")
+        raise UnavailableError(f"no notebooks/student/ next to ttlib in {repo}: `ttlib lab` opens the course from "
+                               "a clone of its repository (python -m pip install -e . there)")
     return student
 
 

@@ -1,6 +1,8 @@
 """The course's notebooks, in order, with the title the README's table shows: the one list the Colab badges, the
 grading and the tests all read. A new notebook is added here."""
 
+__all__ = ["NOTEBOOKS"]
+
 NOTEBOOKS = {
     "00_offline_rl_as_sequence_modeling.ipynb": "offline RL as sequence modeling",
     "01_attention.ipynb": "attention",

@@ -6,9 +6,11 @@ getting its turn: on this course's 2-core machine with other work running, one p
 68 s with 2 threads and 6 s with 1 (same plan, same machine, one after the other). A learner's laptop with a browser
 and a video call is such a machine.
 
-`fit()` sets torch's thread count to the cores the other programs leave free (at least one), and `keep_fitting()`
-checks again at most every few seconds, for the long loops (evaluation, training). Both leave the setting alone
-when the user chose one: OMP_NUM_THREADS in the environment, or `fit(threads)` with a number.
+`fit()` sets torch's thread count to the cores the other programs leave free (at least one), and leaves it alone
+when the user chose one: OMP_NUM_THREADS in the environment, or `fit(threads)` with a number. The thread count is
+the whole process's, so only what starts a process calls it: the `ttlib` command (once per command that computes),
+a notebook's first cell, and the worker processes ttlib starts itself. Library functions leave it as they find it
+(tests/test_structure.py checks).
 
 `timed(fn)` measures what a speedup claim compares in a way load does not distort: CPU time on one thread.
 """
@@ -20,10 +22,9 @@ import time
 
 import torch
 
-__all__ = ["fit", "keep_fitting", "free_cores", "timed"]
+__all__ = ["fit", "free_cores", "timed"]
 
-_CHECK_EVERY_S = 5.0  # keep_fitting() measures again after this long
-_state = {"checked": 0.0, "default": None, "fixed": None, "me": None}
+_state = {"default": None, "fixed": None, "me": None}
 
 
 def _default_threads() -> int:
@@ -64,15 +65,7 @@ def fit(threads: int | None = None, interval: float | None = 0.25) -> int:
         count = min(_default_threads(), free_cores(interval))
     if count != torch.get_num_threads():
         torch.set_num_threads(count)
-    _state["checked"] = time.monotonic()
     return count
-
-
-def keep_fitting() -> None:
-    """fit() again if it has not been checked for a few seconds: cheap enough to call every step of a loop."""
-    if time.monotonic() - _state["checked"] >= _CHECK_EVERY_S and _state["fixed"] is None \
-            and not os.environ.get("OMP_NUM_THREADS"):
-        fit(interval=None)
 
 
 def timed(fn, device=None):

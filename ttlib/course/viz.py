@@ -10,6 +10,9 @@ import io
 import numpy as np
 import torch
 
+__all__ = ["attention_maps", "baseline_line", "caption", "gif", "interactive_plot", "plot_attention", "plot_beam_tree",
+           "plot_gpt_block", "plot_kv_cache", "plot_reorder", "plot_token_layout", "side_by_side", "token_labels"]
+
 
 # ---- videos ---------------------------------------------------------------------------------------------------
 def side_by_side(*episodes: list[np.ndarray], gap: int = 4) -> list[np.ndarray]:

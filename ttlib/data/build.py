@@ -3,7 +3,7 @@
 The course dataset comes from LunarLanderContinuous and gymnasium's scripted lander with more or less noise on
 top. Its quality is *mixed* on purpose: a planner that models the data well can then beat the data's average.
 Its sibling without the expert (like D4RL's medium-replay) holds only a late, shaky pilot and random flying: no
-episode in it is an expert's, and copying its best episodes cannot become one (see `_lander_policy`).
+episode in it is an expert's, and copying its best episodes cannot become one (see `lander_policy`).
 A build writes into a hidden temporary folder next to the final one and renames it into place at the end, so a
 crash never leaves a half-written dataset behind under a loadable name; folders left by crashed builds are
 removed by the next build.
@@ -37,6 +37,9 @@ from ttlib.data.minari_io import (
     read_metadata,
 )
 
+__all__ = ["Policy", "REFERENCE_SEED", "build", "buildable", "lander_policy", "recipe_for"]
+
+
 # --------------------------------------------------------------------------------------------------
 # behaviour policies for our own datasets
 #
@@ -47,7 +50,7 @@ from ttlib.data.minari_io import (
 Policy = Callable[[np.ndarray], np.ndarray]
 
 
-def _lander_policy(behaviour: str, env: gym.Env, rng: np.random.Generator) -> Policy:
+def lander_policy(behaviour: str, env: gym.Env, rng: np.random.Generator) -> Policy:
     """gymnasium's scripted lander with action noise: 'heuristic' none, 'expert' a little, 'noisy' a lot,
     'random' only uniform actions. A noisy episode draws its own Gaussian noise scale and its own rate of
     uniformly random actions, so noisy returns spread from about random's to about the expert's.
@@ -122,7 +125,7 @@ _RECIPES = {
         max_episode_steps=None,
         n_episodes=420,
         behaviours=("expert", "noisy", "random"),
-        make_policy=_lander_policy,
+        make_policy=lander_policy,
         reference=("random", "heuristic"),
         reference_episodes=50,
         description="LunarLanderContinuous, mixed quality: a third each of gymnasium's heuristic lander "
@@ -134,7 +137,7 @@ _RECIPES = {
         max_episode_steps=None,
         n_episodes=420,
         behaviours=("pilot", "random"),
-        make_policy=_lander_policy,
+        make_policy=lander_policy,
         reference=("random", "heuristic"),  # the course dataset's references: normalized scores compare
         reference_episodes=50,
         description="LunarLanderContinuous without an expert (like D4RL's medium-replay): half of the episodes "

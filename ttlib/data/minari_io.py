@@ -23,6 +23,10 @@ from minari.storage import get_dataset_path
 
 from ttlib.errors import TTLibError
 
+__all__ = ["DEFAULT_DATASET", "DatasetError", "HALFCHEETAH_DATASET", "NO_EXPERT_DATASET", "OWN_DATASETS",
+           "REBUILD_HINT", "dataset_path", "download", "list_broken", "list_local", "minari_root", "read_episodes",
+           "read_metadata"]
+
 DEFAULT_DATASET = "ttlib/lunarlander/mixed-v0"  # the course dataset, built locally, offline
 NO_EXPERT_DATASET = "ttlib/lunarlander/no-expert-v0"  # the same lander without the expert: a late pilot and random
 HALFCHEETAH_DATASET = "ttlib/halfcheetah/scripted-v0"  # small MuJoCo-shaped dataset (obs 17, act 6), offline

@@ -34,7 +34,7 @@ from ttlib.data.minari_io import (
     list_local,
 )
 
-__all__ = ["DEFAULT_DATASET", "HALFCHEETAH_DATASET", "NO_EXPERT_DATASET", "DatasetError", "OfflineDataset", "build",
+__all__ = ["DEFAULT_DATASET", "DatasetError", "HALFCHEETAH_DATASET", "NO_EXPERT_DATASET", "OfflineDataset", "build",
            "buildable", "discounted_values", "list_broken", "list_local", "load", "make_windows", "split_episodes",
            "subset"]
 

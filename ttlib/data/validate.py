@@ -12,6 +12,8 @@ import numpy as np
 
 from ttlib.data.trajectories import DatasetError, OfflineDataset
 
+__all__ = ["action_bounds", "check_finite", "check_trainable"]
+
 
 def check_finite(data: OfflineDataset) -> None:
     """Every observation, action and reward must be a finite number (no NaN, no inf), else DatasetError."""

@@ -13,6 +13,8 @@ import sys
 
 from ttlib.errors import TTLibError
 
+__all__ = ["DistributedError", "check_reachable", "cluster_cpus", "connect", "import_ray"]
+
 
 class DistributedError(TTLibError, RuntimeError):
     """Ray is missing, the cluster cannot be reached, or episodes could not be completed."""

@@ -38,12 +38,18 @@ import torch
 from tqdm.auto import tqdm
 
 from ttlib.agents.critic import Critic, critic_from_payload, critic_payload
-from ttlib.evaluation.ray_cluster import DistributedError, cluster_cpus, connect  # connect: re-exported (notebook 08)
-from ttlib.evaluation.rollout import EpisodeBatch, EvalResult, check_env, check_episodes, make_env
+from ttlib.course import threads as torch_threads
+from ttlib.errors import ConfigError
+from ttlib.evaluation.ray_cluster import DistributedError, cluster_cpus, connect
+from ttlib.evaluation.rollout import EpisodeBatch, EvalResult, PlannerAgent, check_episodes, check_spaces, make_env
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
-from ttlib.planning.beam import PlannerConfig, beam_plan, check_critic, check_fits
+from ttlib.planning.beam import PlannerConfig, beam_plan
 from ttlib.planning.fast_decoder import BufferPool
+
+__all__ = ["DiesAt", "DistributedResult", "EnvWorker", "LocalWorker", "MAX_ATTEMPTS", "MAX_RESTARTS", "ModelActor",
+           "Planner", "RayEvaluator", "evaluate_distributed", "fetch", "merge_observations", "pack", "slices",
+           "split_actions", "unpack", "unpack_critic"]
 
 MAX_RESTARTS = 3  # times Ray restarts a dead actor
 MAX_ATTEMPTS = 3  # times an episode is started before the evaluation gives up on it
@@ -96,7 +102,7 @@ class ModelActor:
     """An actor that holds the model: its weights fetched from the object store, on `threads` CPU threads."""
 
     def __init__(self, weights: list, threads: int = 1, device: str = "cpu"):
-        torch.set_num_threads(threads)
+        torch_threads.fit(threads)  # kept: the episode loop's keep_fitting leaves a chosen count alone
         bundle = fetch(weights)
         self.model, self.tokenizer = unpack(bundle, device)
         self.critic = unpack_critic(bundle, device)
@@ -108,22 +114,34 @@ class ModelActor:
 
 
 class LocalWorker(ModelActor):
-    """Local inference: a model of its own, and one slice of episodes at a time in a vector environment."""
+    """Local inference: a model of its own, and one slice of episodes at a time, played by rollout's loop."""
 
     def run(self, env_id, env_kwargs, seeds, planner, max_steps, kill_at_step=None):
         """Play `seeds` to the end; -> (returns, lengths, clipped observations). kill_at_step: exit abruptly there."""
-        batch = EpisodeBatch(env_id, seeds, self.tokenizer, planner.context, env_kwargs, max_steps).reset()
+        agent = PlannerAgent(self.model, self.tokenizer, planner, self.critic, self.buffers)
+        batch = EpisodeBatch(DiesAt(agent, kill_at_step), env_id, seeds, env_kwargs, max_steps)
         try:
-            while batch.running.any():
-                if batch.step == kill_at_step:
-                    os._exit(1)  # a test hook: die mid-episode, as a preempted machine would
-                active, prefix, keys = batch.observe()
-                plan = beam_plan(self.model, self.tokenizer, prefix.to(self.device), keys, planner, self.buffers,
-                                 critic=self.critic, observation=torch.as_tensor(batch.obs[active]))
-                batch.act(plan.actions[:, 0].numpy())
-            return batch.returns, batch.lengths, batch.contexts.clipped
+            played = batch.reset().play()
+            return played.returns, played.lengths, played.clipped
         finally:
             batch.close()
+
+
+class DiesAt:
+    """An agent that makes its process exit abruptly when it is asked to act at step `step` (None: never), as a
+    preempted machine would: a test hook. Everything else is the agent's."""
+
+    def __init__(self, agent, step: int | None):
+        self.agent, self.step, self.acted = agent, step, 0
+
+    def __getattr__(self, name):
+        return getattr(self.agent, name)
+
+    def act(self, observations):
+        if self.acted == self.step:
+            os._exit(1)
+        self.acted += 1
+        return self.agent.act(observations)
 
 
 class EnvWorker:
@@ -137,10 +155,11 @@ class EnvWorker:
     def ping(self, payload=None) -> int:
         return os.getpid()
 
-    def start(self, seeds, context: int, max_steps: int | None) -> dict:
+    def start(self, seeds, planner: PlannerConfig, max_steps: int | None) -> dict:
         if self.batch is not None:
             self.batch.close()
-        self.batch = EpisodeBatch(self.env_id, seeds, self.tokenizer, context, self.env_kwargs, max_steps).reset()
+        self.agent = PlannerAgent(None, self.tokenizer, planner)  # the contexts and keys: the planning is elsewhere
+        self.batch = EpisodeBatch(self.agent, self.env_id, seeds, self.env_kwargs, max_steps).reset()
         return self._observation([])
 
     def step(self, actions, kill: bool = False) -> dict:
@@ -152,11 +171,12 @@ class EnvWorker:
         """What the driver and the planner need: the running environments' contexts, and finished episodes."""
         b = self.batch
         out = {"ended": [(int(e), float(b.returns[e]), int(b.lengths[e])) for e in ended],
-               "running": int(b.running.sum()), "clipped": b.contexts.clipped}
+               "running": int(b.running.sum()), "clipped": self.agent.clipped}
         if b.running.any():
-            active, prefix, keys = b.observe()
+            observations = b.observations()
+            prefix, keys = self.agent.request(observations)
             out["prefix"], out["keys"] = prefix.numpy(), keys.numpy()  # (n, P) bins, (n,) random keys
-            out["observation"] = np.asarray(b.obs[active], dtype=np.float32)  # (n, O) as the environments gave them
+            out["observation"] = np.asarray(observations, dtype=np.float32)  # (n, O) as the environments gave them
         return out
 
 
@@ -214,13 +234,14 @@ class RayEvaluator:
                  num_cpus: int | None = None, temp_dir: str | None = None, planner_cpus: int = 1,
                  device: str = "cpu", critic: Critic | None = None):
         if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise ConfigError(f"workers must be >= 1, got {workers}")
         env = make_env(env_id, env_kwargs)  # a misfit fails here, in this process, before any actor starts
         try:
-            check_env(env.observation_space, env.action_space, model)
+            check_spaces(env.observation_space, env.action_space, PlannerAgent(None, tokenizer, None))
         finally:
             env.close()
-        self.model, self.env_id, self.env_kwargs, self.critic = model, env_id, env_kwargs, critic
+        self.model, self.tokenizer, self.critic = model, tokenizer, critic
+        self.env_id, self.env_kwargs = env_id, env_kwargs
         self.n_workers, self.central, self.workers, self.planner = workers, central, [], None
         self.ray, self.started = connect(address, num_cpus, temp_dir)
         ray = self.ray
@@ -291,9 +312,7 @@ class RayEvaluator:
         kill_planner_at=step makes the central planner do so -- to watch recovery (tests, notebook 08).
         """
         seeds = [int(s) for s in seeds]
-        planner.validate()
-        check_fits(self.model, planner.context, planner.horizon)
-        check_critic(planner, self.critic)
+        PlannerAgent(self.model, self.tokenizer, planner, self.critic)  # fails if the planner does not fit them
         t0 = time.perf_counter()
         bar = tqdm(total=len(seeds), desc=f"episodes on {self.n_workers} Ray workers", unit="ep",
                    disable=not progress)
@@ -370,7 +389,7 @@ class RayEvaluator:
             waiting = [[] for _ in range(self.n_workers)]
             for positions in assignment.values():
                 attempts[positions] += 1
-            refs = {w: self.workers[w].start.remote([seeds[p] for p in ps], planner.context, max_steps)
+            refs = {w: self.workers[w].start.remote([seeds[p] for p in ps], planner, max_steps)
                     for w, ps in assignment.items()}
             step = 0
             while refs:
@@ -431,7 +450,7 @@ class RayEvaluator:
 def _record(p, ret, length, returns, lengths, done, seeds) -> None:
     """Store episode p's result: exactly once."""
     if done[p]:
-        raise DistributedError(f"episode {p} (seed {seeds[p]}) finished twice: a bug in the bookkeeping")
+        raise RuntimeError(f"episode {p} (seed {seeds[p]}) finished twice: a bug in the bookkeeping")
     returns[p], lengths[p], done[p] = ret, length, True
 
 

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ttlib.course.checks import _to_numpy, check_close, check_equal_arrays
+from ttlib.course.checks import check_close, check_equal_arrays, to_numpy
 from ttlib.exercises.refuse import Refused, guard
 
-__all__ = ["Exercise", "Mistake", "ExerciseFailed", "Pieces", "find", "all_exercises", "GRADING_ENV"]
+__all__ = ["Exercise", "ExerciseFailed", "GRADING_ENV", "MODULES", "Mistake", "Pieces", "Trial", "all_exercises",
+           "compare", "decode", "encode", "find", "hidden_seeds"]
 
 GRADING_ENV = "TTLIB_GRADING"  # set in a kernel that nbgrader grades: the hidden tests run outside it
 MODULES = ("values", "attention", "tokenizer", "gpt", "kv_cache", "beam_search", "critic", "rollouts", "ray", "dt")
@@ -240,7 +241,7 @@ def _arrays(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if isinstance(value, str):
             arrays[name] = np.asarray(value)
         else:
-            arrays[name] = np.array(_to_numpy(value, name))  # a copy: later code cannot change it
+            arrays[name] = np.array(to_numpy(value, name))  # a copy: later code cannot change it
     return arrays
 
 
@@ -275,11 +276,11 @@ def _learners_line(error: BaseException) -> str:
     """The last line of the learner's own code in the traceback of `error` (not a library's), or ""."""
     import linecache
 
-    from ttlib.exercises.refuse import _learners
+    from ttlib.exercises.refuse import runs_learners_code
 
     line, tb = "", error.__traceback__
     while tb is not None:
-        if _learners(tb.tb_frame):
+        if runs_learners_code(tb.tb_frame):
             line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip() or line
         tb = tb.tb_next
     return line[:200]

@@ -15,6 +15,11 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model import attention as ttlib_attention
 from ttlib.model import gpt as ttlib_model
 
+__all__ = ["ATTENTION_OPS", "EXERCISES", "TORCH_ATTENTION", "heads_trial", "lent_sdpa", "mask", "mask_trial",
+           "merge_heads", "merge_unmoved", "multi_head", "run_heads", "run_mask", "run_sdpa", "sdpa", "sdpa_trial",
+           "split_heads", "split_plain_view", "torch_sdpa", "ttlib_multi_head_attention"]
+
+
 # PyTorch's attention under every name it has: the function, the module, and the ATen operators behind them
 ATTENTION_OPS = tuple(getattr(torch.ops.aten, name) for name in (
     "scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
@@ -193,12 +198,14 @@ def _heads_with(split=split_heads, merge=merge_heads, project=True, order=(0, 1,
     return {"split_heads": split, "merge_heads": merge, "multi_head_attention": multi_head_attention}
 
 
-def _merge_unmoved(y):
+def merge_unmoved(y):
+    """A named mistake (kv_cache's too): (B, H, T, D) reshaped to (B, T, C) without the transpose(1, 2) first."""
     B, H, T, D = y.shape
     return y.reshape(B, T, H * D)
 
 
-def _split_plain_view(x, n_head):
+def split_plain_view(x, n_head):
+    """A named mistake (kv_cache's too): (B, T, C) viewed as (B, H, T, D) at once, without the transpose."""
     B, T, C = x.shape
     return x.view(B, n_head, T, C // n_head)
 
@@ -215,10 +222,10 @@ multi_head = Exercise(
     mistakes=[
         Mistake("the heads are merged without moving the head axis back: transpose (B, H, T, D) to (B, T, H, D) "
                 "first, then reshape to (B, T, C), so each token gets its own heads side by side.",
-                _heads_with(merge=_merge_unmoved)),
+                _heads_with(merge=merge_unmoved)),
         Mistake("the heads are split by a plain view to (B, H, T, D): that interleaves tokens and channels. View as "
                 "(B, T, H, D) -- channels h*D ... (h+1)*D - 1 are head h -- then transpose(1, 2).",
-                _heads_with(split=_split_plain_view)),
+                _heads_with(split=split_plain_view)),
         Mistake("the output projection is missing: after merging the heads, `proj` mixes them.",
                 _heads_with(project=False)),
         Mistake("query, key and value are taken in the wrong order: `qkv(x).split(C, dim=-1)` gives query, key, "

@@ -16,6 +16,10 @@ from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning import beam as planning
 from ttlib.planning import decoders
 
+__all__ = ["EXERCISES", "SWEEP", "children_trial", "run_children", "run_sample", "run_score", "run_search",
+           "sample_trial", "sampling", "score_trial", "scoring", "search_trial", "searching", "selecting",
+           "ttlib_search"]
+
 
 # ---- exercise 1: sample_bins -------------------------------------------------------------------------------------
 def sample_trial(rng):
@@ -285,7 +289,7 @@ searching = Exercise(
     run=run_search, reference={"beam_search": ttlib_search},
     lends={"sample_bins": planning.sample_bins, "plan_score": planning.plan_score,
            "best_children": planning.best_children},
-    forbid=(planning.beam_plan, planning._beam_plan.__wrapped__),  # (the search inside its inference-mode wrapper)
+    forbid=(planning.beam_plan, planning.search_beams.__wrapped__),  # (the search inside its inference-mode wrapper)
     atol=1e-9, rtol=1e-6, trials=6, hidden_trials=10, passed="your search makes ttlib's plans, step by step.",
     mistakes=[
         Mistake("this is a loop that never reorders the cache: after the selection the decoder still holds every "

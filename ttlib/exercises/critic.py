@@ -16,6 +16,10 @@ from ttlib.agents import critic as ttlib_critic
 from ttlib.agents.critic import CriticConfig, CriticMember
 from ttlib.exercises import Exercise, Mistake
 
+__all__ = ["EXERCISES", "NETWORKS", "NO_DISCOUNT", "NO_DONE", "TARGET_WITH_GRAD", "TRAINED_Q", "TRAIN_STEPS",
+           "critic_trial", "errors_trial", "expectile_regression", "gradient_reaches", "iql_losses", "losses_trial",
+           "run_expectile", "run_losses", "run_td_target", "temporal_difference"]
+
 
 # ---- exercise 1: the expectile loss -----------------------------------------------------------------------------
 def errors_trial(rng):

@@ -17,6 +17,10 @@ import torch
 from ttlib.agents import dt as ttlib_dt
 from ttlib.exercises import Exercise, Mistake
 
+__all__ = ["EXERCISES", "bookkeeping", "embed_with", "episode_trial", "interleaving", "rewards_trial", "rtg",
+           "run_interleave", "run_return_tokens", "run_returns_to_go", "small_model", "streams_trial",
+           "what_the_agent_feeds"]
+
 
 def _dtype(x) -> str:
     return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")

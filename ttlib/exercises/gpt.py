@@ -23,6 +23,10 @@ from ttlib.model import gpt as ttlib_model
 from ttlib.model.attention import CausalSelfAttention
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT, trajectory_mask
 
+__all__ = ["EXERCISES", "GivenGPT", "TTLibBlock", "TTLibGPT", "TTLibMLP", "block_trial", "forward_pass", "gpt_trial",
+           "heads_trial", "lent_heads", "lent_token_ids", "per_position_heads", "run_block", "run_gpt", "run_heads",
+           "run_token_ids", "token_ids_trial", "token_offsets", "transformer_block", "ttlib_heads", "ttlib_token_ids"]
+
 
 # ---- ttlib's pieces with the notebook's signatures: references, and lent to the later exercises -----------------
 def ttlib_token_ids(bins, start, transition_dim, n_bins):

@@ -14,6 +14,9 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model.gpt import TrajectoryGPT
 from ttlib.training import train as ttlib_train
 
+__all__ = ["EXERCISES", "detached", "loss_trial", "lr_schedule", "lr_trial", "run_loss", "run_lr", "training_loss",
+           "ttlib_learning_rate", "ttlib_weighted_cross_entropy"]
+
 
 # ---- ttlib's answers, with the notebook's signatures ---------------------------------------------------------------
 def ttlib_weighted_cross_entropy(logits, targets, mask, dim_weight):

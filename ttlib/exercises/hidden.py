@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 
-__all__ = ["definitions", "judge_records", "main"]
+__all__ = ["build_namespace", "definitions", "judge_records", "main", "run"]
 
 
 def definitions(source: str) -> tuple[ast.Module | None, int]:

@@ -14,9 +14,14 @@ import numpy as np
 import torch
 
 from ttlib.exercises import Exercise, Mistake
-from ttlib.exercises.attention import _merge_unmoved, _split_plain_view, merge_heads, split_heads
+from ttlib.exercises.attention import merge_heads, merge_unmoved, split_heads, split_plain_view
 from ttlib.model.attention import CausalSelfAttention, KVCache, explicit_attention
 from ttlib.model.gpt import Block, GPTConfig, TrajectoryGPT
+
+__all__ = ["EXERCISES", "Stored", "allocated_bytes", "attention_trial", "bytes_trial", "cached_layer", "cached_pass",
+           "forward_trial", "lent_cached_attention", "lent_write_kv", "reorder_trial", "reordering", "run_attention",
+           "run_bytes", "run_forward", "run_reorder", "run_write", "sizing", "storing", "ttlib_cached_attention",
+           "ttlib_forward", "ttlib_reorder", "ttlib_write_kv", "write_trial"]
 
 
 @dataclass
@@ -178,9 +183,9 @@ cached_layer = Exercise(
                 "bug). Pass `allowed` to explicit_attention: it carries the causal rule and the value rule.",
                 _attention_with(masked=False)),
         Mistake("the heads are merged without moving the head axis back: transpose (B, H, T, D) to (B, T, H, D) "
-                "first, then reshape to (B, T, C).", _attention_with(merge=_merge_unmoved)),
+                "first, then reshape to (B, T, C).", _attention_with(merge=merge_unmoved)),
         Mistake("the heads are split by a plain view to (B, H, T, D): that interleaves tokens and channels. View "
-                "as (B, T, H, D), then transpose(1, 2).", _attention_with(split=_split_plain_view)),
+                "as (B, T, H, D), then transpose(1, 2).", _attention_with(split=split_plain_view)),
         Mistake("the output projection is missing: after merging the heads, `attn.proj` mixes them.",
                 _attention_with(project=False)),
     ],

@@ -15,6 +15,8 @@ import functools
 import torch
 from torch import nn
 
+__all__ = ["argument", "load_weights", "randomized", "snapshot", "watching"]
+
 
 def load_weights(mine: nn.Module, state: dict, what: str) -> nn.Module:
     """`mine` holding ttlib's weights `state`, in eval mode; when they do not fit, a message that names the weights

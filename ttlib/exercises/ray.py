@@ -19,6 +19,10 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.training import data_parallel as ttlib_data_parallel
 
+__all__ = ["EXERCISES", "MEAN_OF_MEANS", "SimulatedWorkers", "central_batch", "episode_split", "kind", "merge_trial",
+           "run_merge", "run_shards", "run_split", "shards_trial", "slices_add_up", "split_trial", "ttlib_merge",
+           "ttlib_split"]
+
 
 def kind(value) -> str:
     """What a value is, for outputs that compare types: "torch.Tensor of torch.int64", "list of list", ..."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Refused", "guard", "label"]
+__all__ = ["Refused", "Watch", "guard", "label", "runs_learners_code", "warm_up_dispatch"]
 
 
 class Refused(AssertionError):
@@ -138,7 +138,7 @@ _LIBRARIES = _library_roots()
 _LEARNERS: dict = {}  # code object -> whether it is the learner's (not a library's)
 
 
-def _learners(frame) -> bool:
+def runs_learners_code(frame) -> bool:
     """Is `frame` running the learner's code (a notebook cell, a submission), not a library's?"""
     if frame is None:
         return False
@@ -230,16 +230,16 @@ def guard(*references, strict: bool = False, report: Callable[[str], None] | Non
             what, is_reference = what_is(frame.f_code)
             # a reference refuses whoever calls it; the strict list only when the learner's own code calls it
             # (libraries use threading, inspect, exec, ... for their own purposes)
-            if what is not None and (is_reference or _learners(frame.f_back)):
+            if what is not None and (is_reference or runs_learners_code(frame.f_back)):
                 refuse(what)
-        elif event == "c_call" and strict and arg in targets.builtins and _learners(frame):
+        elif event == "c_call" and strict and arg in targets.builtins and runs_learners_code(frame):
             refuse(targets.builtins[arg])
 
     previous = sys.getprofile()
     if previous is not None and not callable(previous):  # e.g. cProfile's profiler object: not restorable by us
         previous = None
     if targets.aten_ops:
-        _warm_up_dispatch()
+        warm_up_dispatch()
     with contextlib.ExitStack() as stack:
         if targets.torch_functions:
             stack.enter_context(_RefuseTorchFunctions(targets.torch_functions, refuse))
@@ -257,7 +257,7 @@ def guard(*references, strict: bool = False, report: Callable[[str], None] | Non
 
 
 @functools.cache
-def _warm_up_dispatch() -> None:
+def warm_up_dispatch() -> None:
     """Python dispatch modes import a good deal of torch the first time one is used (seconds): do it before the
     profile hook is watching, once."""
     with _RefuseAtenOps({}, None):

@@ -20,13 +20,18 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.planning import beam as planning
 
+__all__ = ["EXERCISES", "LENT", "PLAN_TRIAL", "ROLLOUT_PLANNER", "StepCounter", "batched_planning", "contexts",
+           "contexts_prefix", "contexts_trial", "course", "plan_trial", "recorded_plan_actions", "rollout_loop",
+           "rollout_trial", "run_contexts", "run_plan", "run_rollout", "tiny_model", "trial_envs",
+           "ttlib_build_prefix", "ttlib_encode_transition", "ttlib_plan_actions"]
+
 
 @functools.cache
 def course():
     """(tokenizer, env_id, env_kwargs) of the shipped checkpoint: the notebook's `tok` and environment."""
-    from ttlib.training import train
+    from ttlib.training.checkpoints import default_checkpoint, load_checkpoint
 
-    _, tok, payload = train.load_checkpoint(train.default_checkpoint())
+    _, tok, payload = load_checkpoint(default_checkpoint())
     return tok, payload["dataset"]["env_id"], payload["dataset"]["env_kwargs"]
 
 
@@ -134,7 +139,7 @@ contexts = Exercise(
     names=("encode_transition", "build_prefix"), trial=contexts_trial, run=run_contexts,
     reference=_contexts_with(prefix=contexts_prefix),
     forbid=(rollout.Contexts.append, rollout.Contexts.prefix, rollout.Contexts.encode_obs,
-            rollout.EpisodeBatch.observe),
+            rollout.PlannerAgent.request),
     trials=12, hidden_trials=20, passed="your transitions and prefixes are the ones ttlib's rollout plans from.",
     mistakes=[
         Mistake("the value token keeps the bin of the value 0.0: it never reaches the model (the value rule), so "
@@ -177,18 +182,18 @@ def plan_trial(rng):
 def run_plan(answer, trial):
     tok = course()[0]
     model, planner, history, observations, seeds, steps = trial
-    calls, search = [], planning._beam_plan
+    calls, search = [], planning.search_beams
 
     def counted(model, tokenizer, prefix, keys, *rest, **kwargs):  # every search beam_plan runs, however called
         calls.append(keys.to(torch.int64).cpu().numpy().copy())
         return search(model, tokenizer, prefix, keys, *rest, **kwargs)
 
-    planning._beam_plan = counted
+    planning.search_beams = counted
     try:
         actions = answer.plan_actions(model, tok, planner, [list(h) for h in history], observations.copy(),
                                       seeds.copy(), steps.copy(), None)
     finally:
-        planning._beam_plan = search
+        planning.search_beams = search
     keys = np.sort(np.concatenate(calls)) if calls else np.zeros(0, dtype=np.int64)
     sizes = [min(len(h), planner.context - 1) for h in history]
     return {"the random keys of every beam_plan call (sorted)": keys,
@@ -225,8 +230,8 @@ LENT = {"encode_transition": ttlib_encode_transition, "build_prefix": ttlib_buil
 batched_planning = Exercise(
     id="07-plan-actions", number=2, what="your plan_actions", names=("plan_actions",), trial=plan_trial,
     run=run_plan, reference={"plan_actions": ttlib_plan_actions}, lends=LENT,
-    forbid=(rollout.Contexts.prefix, rollout.Contexts.encode_obs, rollout.EpisodeBatch.observe, rollout.evaluate,
-            rollout._run_wave),
+    forbid=(rollout.Contexts.prefix, rollout.Contexts.encode_obs, rollout.PlannerAgent.request,
+            rollout.PlannerAgent.act, rollout.evaluate, rollout.play),
     atol=1e-6, trials=6, hidden_trials=10,
     passed="one planning call per prefix length, and the actions ttlib's rollout takes.",
     mistakes=[
@@ -416,9 +421,9 @@ rollout_loop = Exercise(
     id="07-vector-rollout", number=3, what="your vector_rollout", names=("vector_rollout",), trial=rollout_trial,
     run=run_rollout, reference=_rollout_with(),
     lends={**LENT, "plan_actions": recorded_plan_actions},
-    forbid=(rollout.evaluate, rollout._run_wave, rollout.play_in_waves, rollout.record_step,
-            rollout.EpisodeBatch.__init__, rollout.EpisodeBatch.reset, rollout.EpisodeBatch.observe,
-            rollout.EpisodeBatch.act),
+    forbid=(rollout.evaluate, rollout.play, rollout.record_step, rollout.EpisodeBatch.__init__,
+            rollout.EpisodeBatch.reset, rollout.EpisodeBatch.observations, rollout.EpisodeBatch.act,
+            rollout.EpisodeBatch.play, rollout.PlannerAgent.act, rollout.PlannerAgent.observe),
     atol=1e-6, rtol=1e-9, trials=2, hidden_trials=4,
     passed="your loop plays ttlib's episodes, autoresets and all.",
     mistakes=[

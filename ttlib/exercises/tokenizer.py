@@ -15,6 +15,12 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model import tokenizer
 from ttlib.model.tokenizer import TrajectoryTokenizer
 
+__all__ = ["EXERCISES", "SMALL_EDGES", "SMALL_X", "TOKENIZER", "decode_trial", "decoding", "fitted_edges",
+           "lent_encode", "quantile_bins", "quantile_trial", "run_decode", "run_quantile", "run_uniform", "table",
+           "ttlib_bin_means", "ttlib_decode", "ttlib_encode", "ttlib_quantile_edges", "ttlib_uniform_edges",
+           "uniform_bins", "uniform_trial"]
+
+
 # ttlib's tokenizer, everything of it that fits or reads edges: the exercises rebuild it
 TOKENIZER = (TrajectoryTokenizer.__init__, TrajectoryTokenizer.fit, TrajectoryTokenizer.fit_dataset,
              TrajectoryTokenizer.encode, TrajectoryTokenizer.encode_transitions, TrajectoryTokenizer.decode,

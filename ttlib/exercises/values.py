@@ -18,6 +18,11 @@ from ttlib.agents import baselines as ttlib_baselines
 from ttlib.data import trajectories as ttlib_data
 from ttlib.exercises import Exercise, Mistake
 
+__all__ = ["EXERCISES", "best_trial", "choosing", "cloning", "cloning_trial", "dataset_of", "distinct_returns",
+           "lander_rewards", "plain_returns", "returns_and_scores", "returns_trial", "run_best", "run_cloning",
+           "run_returns", "run_values", "small_rewards", "ttlib_best_episodes", "ttlib_fit_policy",
+           "ttlib_normalized_score", "ttlib_returns", "value_target", "values_trial"]
+
 
 def lander_rewards(rng, n_steps: int) -> np.ndarray:
     """(n_steps,) float32 rewards like a LunarLander episode's: small shaping rewards, then a landing or a crash."""

@@ -7,6 +7,7 @@
     output        a submission's output, capped in the kernel and again in the grader
     plugins       nbgrader's other autograding and feedback steps of the course
     hidden_tests  the hidden tests, run in a sandboxed process of their own on a submission's definitions
+    zygote        the fork server those processes start from: PyTorch and ttlib imported once per grading process
     scan          the static scan that flags what an instructor should read
     sandbox       a process tree with its own scratch folder, limits, and no way out (Linux); built from
                   linux (the system calls, and what this machine offers: `ttlib grade doctor`), processes (trees,
@@ -15,3 +16,5 @@
 
 A learner's code never imports this package; a submission that does is flagged (scan).
 """
+
+__all__: list[str] = []

@@ -31,6 +31,10 @@ from ttlib.course.notebooks import NOTEBOOKS
 from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
+__all__ = ["BADGE_PATH", "CONFIG_FILE", "Course", "GradingError", "NOTEBOOK_PATTERN", "ReleaseReport", "STUDENT_DIR",
+           "STUDENT_ID", "StudentTotals", "assignments", "collect", "graded_notebooks", "open_course", "points",
+           "release", "source_version", "tampering"]
+
 CONFIG_FILE = "nbgrader_config.py"
 STUDENT_DIR = "student"  # student versions live in notebooks/student/
 NOTEBOOK_PATTERN = "[0-9][0-9]_*.ipynb"

@@ -36,7 +36,11 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import Preprocessor
 
-from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook
+from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook, worker_started
+
+__all__ = ["CRASH_ENV", "MAX_ATTEMPTS", "Replay", "Report", "Submission", "WORKER_BYTES", "autograde", "book",
+           "booking_steps", "default_jobs", "on_ray", "on_this_machine", "plan", "scores", "shared_settings",
+           "with_options"]
 
 MAX_ATTEMPTS = 3  # times a submission is started when its worker is lost
 WORKER_BYTES = 2**30  # what a grading process holds beside its submission's kernel (nbgrader, torch, the judge)
@@ -192,7 +196,7 @@ def book(config, assignment: str, graded: Graded, digest: str, steps: list) -> l
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
 
-    from ttlib.grading.worker import _captured
+    from ttlib.grading.worker import captured_log
 
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id, coursedir.student_id = assignment, graded.student
@@ -200,7 +204,7 @@ def book(config, assignment: str, graded: Graded, digest: str, steps: list) -> l
     app.force = True
     app.sanitize_preprocessors = [Replay(graded.notebooks, digest)]
     app.autograde_preprocessors = steps
-    with _captured(app.log) as lines:
+    with captured_log(app.log) as lines:
         try:
             app.start()
         except Exception as e:
@@ -236,16 +240,6 @@ def _crash_for(student: str):
     return (float(seconds), marker) if spec and who == student else None
 
 
-def _worker_started() -> None:
-    """A pool process ends with the grading process (its sandboxes end with it in turn)."""
-    import signal
-
-    from ttlib.grading.linux import LINUX, PR_SET_PDEATHSIG, prctl
-
-    if LINUX:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _start_in_pool(pool, s: Submission):
     return pool.submit(grade_one, s.shared, s.student, s.files, _crash_for(s.student))
 
@@ -276,7 +270,7 @@ def on_this_machine(todo: list[Submission], jobs: int):
     queue = deque(todo)
     while queue:
         pool = ProcessPoolExecutor(min(jobs, len(queue)), mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_worker_started)
+                                   initializer=worker_started)
         pending, lost = {}, []
         start = functools.partial(_start_in_pool, pool)
         try:
@@ -310,16 +304,16 @@ def on_ray(todo: list[Submission], address: str, memory_bytes: float, jobs: int 
     (submission, Graded or the exception) as each ends. Ray starts a task again when its worker is lost."""
     from collections import deque
 
-    from ttlib.evaluation.ray_cluster import connect
+    from ttlib.evaluation.ray_cluster import DistributedError, connect
 
     ray, started = connect(address, ship_code=False)
     try:
         need = memory_bytes + WORKER_BYTES
         biggest = max((n["Resources"].get("memory", 0.0) for n in ray.nodes() if n.get("Alive")), default=0.0)
         if biggest < need:
-            raise ValueError(f"no node of the Ray cluster at {address} offers the {need / 2**30:.1f} GiB of memory "
-                             f"a submission may use (the largest offers {biggest / 2**30:.1f} GiB): lower "
-                             "BoundedExecute.memory_limit, or add larger nodes")
+            raise DistributedError(f"no node of the Ray cluster at {address} offers the {need / 2**30:.1f} GiB of "
+                                   f"memory a submission may use (the largest offers {biggest / 2**30:.1f} GiB): lower "
+                                   "BoundedExecute.memory_limit, or add larger nodes")
         task = ray.remote(grade_one).options(num_cpus=1, memory=int(need), max_retries=MAX_ATTEMPTS - 1)
         refs = {}  # one copy of each assignment's shared part in the object store
         for s in todo:

@@ -22,6 +22,8 @@ from traitlets import Bool, Float, Integer, List, Unicode
 from ttlib.grading.nbrun import poll_shell_in_steps
 from ttlib.grading.output import OutputCap, mib, reads_as_score
 
+__all__ = ["BoundedExecute", "Budgets", "SandboxedKernelManager", "budgets", "error_output", "memory_limit"]
+
 
 # ---- autograde: a bounded, contained run per submission ----------------------------------------------------------
 def _gib(n_bytes: float) -> str:
@@ -181,7 +183,7 @@ class BoundedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         import time
 
-        from ttlib.grading import sandbox
+        from ttlib.grading import sandbox, zygote
 
         b = self._budgets = budgets(self)
         self._start = time.monotonic()
@@ -209,7 +211,7 @@ class BoundedExecute(Execute):
                 self._watchdog.close()
             if self._box is not None:
                 self._box.close()  # ends whatever is left of the kernel's tree, removes the scratch folder
-            strays = sandbox.end_orphans(before)
+            strays = sandbox.end_orphans(before | zygote.pids())  # (the zygote is ours, no submission's)
             if strays:
                 self.log.warning("ttlib: %s left %d process(es) behind; they were ended", student, len(strays))
             self.log.info("ttlib: %s ran in %.1f s of CPU time, %.1f s on the clock, %.1f s idle in its cells (limits: "

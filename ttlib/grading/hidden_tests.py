@@ -4,8 +4,9 @@ nbgrader scores a test cell by its outputs: an error means 0. The kernel that ra
 code too, so nothing it says can be trusted to decide a grade -- a submission can swallow its own errors, read or
 rewrite what a check compares with, or print what nbgrader takes for partial credit. Here, after the kernel's run:
 
-1. `run_hidden` starts `python -m ttlib.exercises.hidden` in a sandbox of its own (ttlib.grading.sandbox), on the
-   release's setup cells and the submission's definitions only, with trials from a seed chosen now, and reads its
+1. `run_hidden` starts `python -m ttlib.exercises.hidden` in a sandbox of its own (ttlib.grading.sandbox; its
+   process forked from this grading process's zygote, ttlib.grading.zygote, which imported PyTorch and ttlib once),
+   on the release's setup cells and the submission's definitions only, with trials from a seed chosen now, and reads its
    records; the exercises are judged in this process (`judge_records`), where the submission never ran. An
    exercise that loops is stopped at its CPU budget, one that sleeps at its idle seconds (`IdleClock`: the clock's
    seconds in which the runner neither ran nor waited for a CPU, so a busy machine does not count), and the runner
@@ -30,7 +31,7 @@ import nbformat
 from ttlib.exercises import find
 from ttlib.exercises.hidden import judge_records
 
-__all__ = ["HiddenRun", "hidden_exercises", "run_hidden", "apply_verdicts", "judge"]
+__all__ = ["HiddenRun", "IdleClock", "apply_verdicts", "hidden_exercises", "judge", "run_hidden"]
 
 
 @dataclass
@@ -111,7 +112,8 @@ def run_hidden(submitted, released_path: str, limits=None, protected=(), exercis
                 "submitted.ipynb", "--exercises", ",".join(remaining), "--seed", str(seed),
                 "--exercise-cpu", f"{exercise_cpu:g}"]
         clock = None if exercise_idle is None else IdleClock(remaining, exercise_idle, 3 * exercise_idle)
-        result = sandbox.run(argv, box_limits, protected=protected, files=files, name="hidden", watch=clock)
+        result = sandbox.run(argv, box_limits, protected=protected, files=files, name="hidden", watch=clock,
+                             preload=True)
         run.seconds += result.wall_seconds
         run.cpu_seconds += result.cpu_seconds
         out = result.stdout.decode("utf-8", errors="replace").splitlines()

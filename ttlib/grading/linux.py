@@ -19,6 +19,15 @@ import dataclasses
 import os
 import sys
 
+__all__ = ["CLONE_NEWNS", "CLONE_NEWPID", "CLONE_NEWUSER", "Capabilities", "FILE_RIGHTS", "FS_EXECUTE", "FS_IOCTL_DEV",
+           "FS_READ_DIR", "FS_READ_FILE", "FS_REFER", "FS_TRUNCATE", "FS_WRITE_FILE", "IDLE_CLOCK",
+           "LANDLOCK_CREATE_RULESET_VERSION", "LANDLOCK_RULE_NET_PORT", "LANDLOCK_RULE_PATH_BENEATH", "LINUX",
+           "MS_NODEV", "MS_NOEXEC", "MS_NOSUID", "MS_PRIVATE", "MS_REC", "NET_BIND_TCP", "NET_CONNECT_TCP",
+           "PR_SET_CHILD_SUBREAPER", "PR_SET_NO_NEW_PRIVS", "PR_SET_PDEATHSIG", "READ_RIGHTS",
+           "SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL", "SYS_LANDLOCK_ADD_RULE", "SYS_LANDLOCK_CREATE_RULESET",
+           "SYS_LANDLOCK_RESTRICT_SELF", "capabilities", "check", "enter_user_namespace", "landlock", "landlock_abi",
+           "prctl", "private_mounts"]
+
 LINUX = sys.platform.startswith("linux")
 
 # ---- Linux interfaces, through ctypes (no dependency, no root) -----------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from nbclient import NotebookClient
 
+__all__ = ["PollingNotebookClient", "poll_shell_in_steps"]
+
 
 def poll_shell_in_steps(kc, give_up=lambda: False, step: float = 0.5) -> None:
     """Make nbclient's wait for a cell's reply poll the shell channel every `step` seconds, so that a reply missed

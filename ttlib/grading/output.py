@@ -12,6 +12,9 @@ from __future__ import annotations
 import sys
 import threading
 
+__all__ = ["KERNEL_OUTPUT_NOTE", "OUTPUT_NOTE", "OutputCap", "SLACK", "limit_kernel_output", "mib", "reads_as_score",
+           "size"]
+
 OUTPUT_NOTE = "[ttlib: output over the grading limit ({}): the rest was dropped]\n"
 KERNEL_OUTPUT_NOTE = "\n" + OUTPUT_NOTE
 SLACK = 64 * 2**10  # the kernel drops its own excess first, with its note: the grader's cap is the second line

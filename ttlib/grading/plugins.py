@@ -19,6 +19,9 @@ from nbgrader.preprocessors import SaveAutoGrades as _SaveAutoGrades
 
 from ttlib.grading.execute import error_output
 
+__all__ = ["ANSI", "CELL_FRAME", "HIDDEN_TESTS", "OverwriteCells", "SaveAutoGrades", "StudentFeedback",
+           "WHOLE_MESSAGES"]
+
 
 # ---- autograde: a submission nbgrader cannot book gets 0, with the reason ------------------------------------------
 class SaveAutoGrades(_SaveAutoGrades):

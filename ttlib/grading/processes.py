@@ -29,6 +29,9 @@ import time
 
 from ttlib.grading.linux import IDLE_CLOCK, LINUX, PR_SET_CHILD_SUBREAPER, capabilities, prctl
 
+__all__ = ["Limits", "Usage", "Watchdog", "adopt_orphans", "busy_threads", "children_of", "descendants", "end_orphans",
+           "end_tree", "is_alive", "own_children", "own_memory", "signal_all", "started", "tree_usage"]
+
 
 # ---- a process tree: what it uses, and ending it ------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,8 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rfind(")") + 2:].split()
 
 
-def _children_of(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
+    """The pids of `pid`'s direct children (every thread's), from /proc."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -80,10 +84,10 @@ def descendants(pid: int) -> list[int]:
         except psutil.Error:
             return []
     if _HAS_CHILDREN_FILE:
-        out, todo = [], _children_of(pid)
+        out, todo = [], children_of(pid)
         while todo:
             out += todo
-            todo = [c for p in todo for c in _children_of(p)]
+            todo = [c for p in todo for c in children_of(p)]
         return out
     parents: dict[int, list[int]] = {}  # no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN): read every stat
     for name in os.listdir("/proc"):
@@ -96,10 +100,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def tree_usage(pid: int, include_root: bool = False) -> Usage | None:
+def tree_usage(pid: int, include_root: bool = False, children_memory: bool = True) -> Usage | None:
     """CPU time, memory and process count of everything below `pid` (and of `pid` itself with `include_root`; not
     by default: `pid` is the wrapper): the live descendants' own and reaped-children times, plus the times of the
-    children `pid` reaped (the wrapper, a subreaper, reaps orphans: their time stays counted). None when `pid` is
+    children `pid` reaped (the wrapper, a subreaper, reaps orphans: their time stays counted). Without
+    `children_memory`, the memory of `pid`'s own children is left out (a wrapper forked from the zygote: its one
+    child is the PID namespace's init, a copy of the zygote until it execs a small supervisor). None when `pid` is
     gone."""
     if not LINUX:
         import psutil
@@ -131,7 +137,7 @@ def tree_usage(pid: int, include_root: bool = False) -> Usage | None:
             continue
         ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
         if fields[0] not in "ZX":
-            pages += int(fields[21])
+            pages += int(fields[21]) if children_memory or int(fields[1]) != pid else 0
             n += 1
     return Usage(ticks / _TICK, pages * _PAGE, n)
 
@@ -155,7 +161,8 @@ def busy_threads(pids) -> dict[int, float]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
+    """Is `pid` running (a zombie is not)?"""
     fields = _stat(pid) if LINUX else None
     if LINUX:
         return fields is not None and fields[0] not in "ZX"
@@ -166,7 +173,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _signal(pids, sig) -> None:
+def signal_all(pids, sig) -> None:
+    """Send `sig` to every pid that is still there."""
     for p in pids:
         try:
             os.kill(p, sig)
@@ -188,17 +196,17 @@ def end_tree(pid: int, grace: float = 0.0, start: int | None = None) -> None:
     if start is not None and started(pid) != start:
         return
     if grace > 0:
-        _signal([pid, *descendants(pid)], signal.SIGTERM)
+        signal_all([pid, *descendants(pid)], signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and (_alive(pid) or any(_alive(p) for p in descendants(pid))):
+        while time.monotonic() < deadline and (is_alive(pid) or any(is_alive(p) for p in descendants(pid))):
             time.sleep(0.02)
     for _ in range(200):
-        alive = [p for p in descendants(pid) if _alive(p)]
+        alive = [p for p in descendants(pid) if is_alive(p)]
         if not alive:
             break
-        _signal(alive, signal.SIGKILL)
+        signal_all(alive, signal.SIGKILL)
         time.sleep(0.005)
-    _signal([pid], signal.SIGKILL)
+    signal_all([pid], signal.SIGKILL)
 
 
 def adopt_orphans() -> bool:
@@ -219,7 +227,7 @@ def end_orphans(keep: set[int]) -> list[int]:
     if not LINUX:
         return []
     me = os.getpid()
-    strays = [p for p in _children_of(me) if p not in keep]
+    strays = [p for p in children_of(me) if p not in keep]
     for p in strays:
         end_tree(p)
     for p in strays:
@@ -244,7 +252,7 @@ def own_memory() -> int:
 
 
 def own_children() -> set[int]:
-    return set(_children_of(os.getpid())) if LINUX else set()
+    return set(children_of(os.getpid())) if LINUX else set()
 
 
 # ---- limits, and the thread that holds a tree to them --------------------------------------------------------------
@@ -278,6 +286,7 @@ class Watchdog:
     over: float = 0.0  # the value that crossed the limit
     idle: float = 0.0  # idle seconds of the tree so far
     idle_every: float = 0.5
+    children_memory: bool = True  # count the memory of `pid`'s own children (see tree_usage)
 
     def __post_init__(self):
         self.started = started(self.pid)  # who `pid` is: end_tree leaves a later process with that pid alone
@@ -291,7 +300,7 @@ class Watchdog:
     def _watch(self) -> None:
         limits = self.limits
         while not self._done.is_set():
-            usage = tree_usage(self.pid, self.include_root)
+            usage = tree_usage(self.pid, self.include_root, self.children_memory)
             if usage is None:
                 return
             self.usage = dataclasses.replace(usage, cpu_seconds=max(usage.cpu_seconds, self.usage.cpu_seconds))

@@ -37,7 +37,8 @@ The Python side, for the process that starts a sandbox (a grader):
     run(argv, limits, ...) -> Result   all of the above for a plain command (e.g. `python -m pkg.runner`): its
                                        stdout and stderr captured (at most limits.output_bytes each), and
                                        Result(returncode, stopped, cpu_seconds, peak_memory_bytes, wall_seconds,
-                                       stdout, stderr)
+                                       stdout, stderr); with preload=True a Python command is forked from
+                                       ttlib.grading.zygote (libraries imported once) in the same sandbox
     tree_usage(pid) -> Usage           CPU seconds, resident memory and process count of pid's descendants
     end_tree(pid, grace)               SIGTERM (when grace > 0), then SIGKILL to every descendant, then pid
     adopt_orphans(), end_orphans(keep) the grader as a second line: a subreaper itself, ending after each
@@ -97,6 +98,10 @@ from ttlib.grading.processes import (  # noqa: F401 (as above)
     started,
     tree_usage,
 )
+
+__all__ = ["Capabilities", "LINUX", "Limits", "Result", "SYSTEM_READ", "Sandbox", "Usage", "Watchdog", "adopt_orphans",
+           "capabilities", "descendants", "end_orphans", "end_tree", "own_children", "own_memory", "run", "started",
+           "tree_usage", "ttlib_paths"]
 
 
 # ---- a sandbox: its folders, its command line, its environment -----------------------------------------------------
@@ -207,8 +212,11 @@ class Sandbox:
             cmd += ["--tcp-ports", ",".join(str(p) for p in self.tcp_ports)]
         return [*cmd, "--", *argv]
 
-    def watch(self, pid: int, poll: float = 0.05, guard=None) -> Watchdog:
-        self.watchdog = Watchdog(pid, self.limits, poll, include_root=not self.caps.sandboxed, guard=guard)
+    def watch(self, pid: int, poll: float = 0.05, guard=None, forked: bool = False) -> Watchdog:
+        """`forked`: `pid` is a wrapper forked from the zygote (its init's memory, the zygote's until it execs, is
+        not the command's)."""
+        self.watchdog = Watchdog(pid, self.limits, poll, include_root=not self.caps.sandboxed, guard=guard,
+                                 children_memory=not (forked and self.caps.namespaces))
         return self.watchdog
 
     def close(self) -> None:
@@ -274,14 +282,15 @@ def _read_capped(stream, limit: int, out: list[bytes]) -> None:
 
 
 def run(argv: list[str], limits: Limits | None = None, readable=(), protected=(), env: dict | None = None,
-        files: dict[str, bytes] | None = None, tcp_ports=None, name: str = "run", watch=None) -> Result:
+        files: dict[str, bytes] | None = None, tcp_ports=None, name: str = "run", watch=None,
+        preload: bool = False) -> Result:
     """Run `argv` in a fresh sandbox (its own scratch folder, removed afterwards) under `limits`, its stdout and
     stderr captured, and return what happened. It starts in the scratch folder, where `files` ({relative path:
     bytes}) are written first; its stdin is /dev/null. `env` defaults to this process's environment (then moved
     into the scratch folder, see Sandbox.environment). `watch(watchdog, stdout_chunks)`, asked at each of the
-    watchdog's looks, may end the run early by returning a reason (then `Result.stopped`)."""
-    import subprocess
-
+    watchdog's looks, may end the run early by returning a reason (then `Result.stopped`). `preload`: argv is
+    `python -m MODULE ...` or `python -c CODE ...`, and its process is forked from this grading process's zygote
+    (ttlib.grading.zygote: the libraries already imported) rather than started afresh, in the same sandbox."""
     start = time.monotonic()
     limits = limits or Limits()
     with Sandbox(limits, readable, protected, tcp_ports, name) as box:
@@ -291,24 +300,65 @@ def run(argv: list[str], limits: Limits | None = None, readable=(), protected=()
                 raise ValueError(f"run(files=...): {relative!r} is not a path inside the scratch folder")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        proc = subprocess.Popen(box.command(argv), env=box.environment(env), cwd=box.scratch,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        pid, streams, wait, forked = _start(box, argv, box.environment(env), preload)
         out, err = [], []
-        dog = box.watch(proc.pid, guard=None if watch is None else lambda: watch(box.watchdog, out))
-        readers = [threading.Thread(target=_read_capped, args=(s, limits.output_bytes, o), daemon=True)
-                   for s, o in ((proc.stdout, out), (proc.stderr, err))]
-        for r in readers:
-            r.start()
-        rusage = _wait(proc, None if limits.wall_seconds is None else limits.wall_seconds + 30)
+        try:
+            dog = box.watch(pid, guard=None if watch is None else lambda: watch(box.watchdog, out), forked=forked)
+            readers = [threading.Thread(target=_read_capped, args=(s, limits.output_bytes, o), daemon=True)
+                       for s, o in zip(streams, (out, err), strict=True)]
+            for r in readers:
+                r.start()
+        except BaseException:  # nothing may run unwatched: end it (and free the zygote for the next run)
+            end_tree(pid)
+            wait(None)
+            raise
+        returncode, reaped_cpu = wait(None if limits.wall_seconds is None else limits.wall_seconds + 30)
         dog.close()
         for r in readers:
             r.join(timeout=5)
+        for stream in streams:
+            stream.close()
         cpu = dog.usage.cpu_seconds
-        if rusage is not None and box.caps.sandboxed:  # the wrapper reaped everything below it: exact, to the end
-            cpu = max(cpu, rusage.ru_utime + rusage.ru_stime)
-        return Result(proc.returncode, dog.stopped, cpu, dog.peak_memory, time.monotonic() - start,
-                      b"".join(out), b"".join(err))
+        if reaped_cpu is not None and box.caps.sandboxed:  # the wrapper reaped everything below it: exact, to the end
+            cpu = max(cpu, reaped_cpu)
+        return Result(returncode, dog.stopped, cpu, dog.peak_memory, time.monotonic() - start, b"".join(out),
+                      b"".join(err))
+
+
+def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
+    """Start `argv` in `box` -> (the wrapper's pid, its stdout and stderr as streams, wait(timeout) -> (exit code,
+    CPU seconds of the wrapper and every child it reaped, or None), whether it was forked from the zygote)."""
+    import subprocess
+
+    zygote = None
+    if preload and box.caps.sandboxed and len(argv) > 2 and argv[1] in ("-m", "-c"):
+        from ttlib.grading import zygote as zygotes
+
+        try:
+            zygote = zygotes.zygote_for(argv[0], env)
+        except OSError:  # no zygote here (it said why on stderr): the run starts afresh, in the same sandbox
+            zygote = None
+    if zygote is None:
+        proc = subprocess.Popen(box.command(argv), env=env, cwd=box.scratch, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+        def wait(timeout):
+            rusage = _wait(proc, timeout)
+            return proc.returncode, None if rusage is None else rusage.ru_utime + rusage.ru_stime
+
+        return proc.pid, (proc.stdout, proc.stderr), wait, False
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    try:
+        pid = zygote.spawn(box.command(argv)[3:], env, str(box.scratch), out_w, err_w)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+
+    def wait_forked(timeout):
+        status, cpu = zygote.wait(pid, timeout)
+        return os.waitstatus_to_exitcode(status), cpu
+
+    return pid, (open(out_r, "rb"), open(err_r, "rb")), wait_forked, True
 
 
 def _wait(proc, timeout: float | None):

@@ -21,7 +21,8 @@ import ast
 import re
 from dataclasses import dataclass
 
-__all__ = ["Flag", "scan_source", "scan_notebook", "student_cells"]
+__all__ = ["ATTRIBUTES", "BUILTINS", "COURSE_WORDS", "Flag", "MODULE_ALIASES", "NAMES", "OS_EXEC", "imports_of",
+           "scan_notebook", "scan_source", "student_cells"]
 
 
 @dataclass(frozen=True)

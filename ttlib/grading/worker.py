@@ -27,6 +27,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+__all__ = ["CARRIED_ENV", "Graded", "Shared", "captured_log", "carried_env", "grade_one", "skip_unused_imports",
+           "template_gradebook", "worker_started"]
+
+
 # nbgrader's own SQLAlchemy warning each time it makes a submission in a fresh gradebook (as every worker's is)
 warnings.filterwarnings("ignore", message=".*not in session, add operation along.*")
 # the settings of a run that travel with it (the limits' overrides, fast mode, a sandbox guarantee turned off)
@@ -92,12 +96,39 @@ def _student_tables(db: sqlite3.Connection) -> list[str]:
         found |= more
 
 
+def worker_started() -> None:
+    """A pool process of `ttlib grade autograde` starts (it has imported only this module and ttlib's command line,
+    not nbgrader): it ends with the grading process (its sandboxes end with it in turn), skips unused imports, and
+    forks its hidden tests' zygote now, while it has one thread, sharing the libraries both import."""
+    import signal
+
+    from ttlib.grading.linux import LINUX, PR_SET_PDEATHSIG, capabilities, prctl
+
+    skip_unused_imports()
+    if LINUX:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if capabilities().sandboxed:
+        from ttlib.grading.zygote import fork_here
+
+        fork_here()
+
+
+def skip_unused_imports() -> None:
+    """Call before nbgrader is imported. jsonschema (imported by nbformat) imports rfc3987_syntax, where installed,
+    only to check the "iri" string format, which nbformat and nbgrader never ask for -- and that module builds a
+    grammar at import: 2 CPU s in every grading process. Marked absent, it is skipped; nothing else changes."""
+    import sys
+
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+
 def grade_one(shared: Shared, student: str, files: dict[str, bytes], crash: tuple[float, str] | None = None
               ) -> Graded:
     """Grade one student's submission with nbgrader's autograde in a course folder of its own.
 
     `crash` = (seconds, marker file): a test's way to lose this worker mid-grading -- unless the marker exists, it
     is made and the process exits abruptly after `seconds`."""
+    skip_unused_imports()
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
@@ -122,7 +153,7 @@ def grade_one(shared: Shared, student: str, files: dict[str, bytes], crash: tupl
         app = Autograde(coursedir=coursedir, config=config)
         app.force = True
         error = None
-        with _captured(app.log) as log:
+        with captured_log(app.log) as log:
             try:
                 app.start()
             except Exception as e:  # nbgrader logged what went wrong; its message says where to look
@@ -156,7 +187,7 @@ def _settings(env: dict[str, str]):
 
 
 @contextlib.contextmanager
-def _captured(logger: logging.Logger):
+def captured_log(logger: logging.Logger):
     """The records `logger` (and nbgrader's steps, which log through it) emits meanwhile, as lines."""
     lines: list[str] = []
 

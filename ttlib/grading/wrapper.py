@@ -25,7 +25,9 @@ from ttlib.grading.linux import (
     prctl,
     private_mounts,
 )
-from ttlib.grading.processes import _alive, _signal, descendants
+from ttlib.grading.processes import descendants, is_alive, signal_all
+
+__all__ = ["SUPERVISOR", "SYSTEM_WRITE_FILES", "main", "supervise"]
 
 SYSTEM_WRITE_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 
@@ -59,6 +61,8 @@ def _become(args, out_w: int, err_w: int) -> None:
         # this wrapper now, or the PID namespace's init (pid 1, which it then leaves alone)
         if "JPY_PARENT_PID" in os.environ:
             os.environ["JPY_PARENT_PID"] = str(os.getppid())
+        if args.run_in_place is not None:  # forked from the zygote: the command runs here, already imported
+            args.run_in_place(args.argv)
         os.execvp(args.argv[0], args.argv)
     except BaseException as e:
         os.write(2, f"ttlib sandbox: could not start {args.argv[:1]}: {type(e).__name__}: {e}\n".encode())
@@ -116,7 +120,7 @@ def _end_all(root_pid: int, grace: float, in_namespace: bool, pump: _Pump | None
     kill(-1) reaches every other process of the namespace; otherwise walk the tree (this process is a subreaper:
     nothing started below it can leave it)."""
     def alive_below():
-        return [p for p in descendants(root_pid) if _alive(p)]
+        return [p for p in descendants(root_pid) if is_alive(p)]
 
     def reap() -> bool:  # False once no child is left
         try:
@@ -135,13 +139,13 @@ def _end_all(root_pid: int, grace: float, in_namespace: bool, pump: _Pump | None
             except OSError:
                 pass
         else:
-            _signal(alive_below(), sig)
+            signal_all(alive_below(), sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not reap() or not (in_namespace or alive_below()):
                 break
             if not in_namespace and sig == signal.SIGKILL:
-                _signal(alive_below(), sig)  # whatever forked meanwhile
+                signal_all(alive_below(), sig)  # whatever forked meanwhile
             pump.step(0.02) if pump else time.sleep(0.02)
     reap()
 
@@ -166,6 +170,21 @@ def _supervise(main_pid: int, grace: float, in_namespace: bool) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _end_all(os.getpid(), grace, in_namespace)
     return code
+
+
+_TTLIB_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SUPERVISOR = (f"import sys; sys.path.insert(0, {_TTLIB_PARENT!r}); from ttlib.grading.wrapper import supervise; "
+              "supervise(int(sys.argv[1]), float(sys.argv[2]))")
+
+
+def supervise(main_pid: int, grace: float) -> None:
+    """The PID namespace's init exec'd afresh (a run forked from the zygote): `_supervise`, with the wrapper's
+    handlers (exec reset them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGHUP, _raise_stop)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    os._exit(_supervise(main_pid, grace, in_namespace=True))
 
 
 def _wrapper(args) -> int:
@@ -195,6 +214,8 @@ def _wrapper(args) -> int:
                 _become(args, out_w, err_w)
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
+            if args.run_in_place is not None:  # a copy of the zygote: a small supervisor instead (the memory)
+                os.execv(sys.executable, [sys.executable, "-c", SUPERVISOR, str(main), str(args.grace)])
             os._exit(_supervise(main, args.grace, in_namespace=True))
         except BaseException as e:
             os.write(2, f"ttlib sandbox: namespace set-up failed: {type(e).__name__}: {e}\n".encode())
@@ -219,11 +240,11 @@ def _wrapper(args) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         code = 128 + signal.SIGTERM
         if args.namespaces:  # its init ends the namespace's processes, or dies with all of them
-            _signal([first], signal.SIGTERM)
+            signal_all([first], signal.SIGTERM)
             deadline = time.monotonic() + args.grace + 2.5
-            while _alive(first) and time.monotonic() < deadline:
+            while is_alive(first) and time.monotonic() < deadline:
                 pump.step(0.02)
-            _signal([first], signal.SIGKILL)
+            signal_all([first], signal.SIGKILL)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _end_all(me, 0.0 if args.namespaces else args.grace, False, pump)
     pump.drain(1.0)
@@ -248,8 +269,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, run_in_place=None) -> int:
+    """The wrapper's command line (`argv`). `run_in_place(command)`: what runs the command instead of exec, in its
+    confined process (ttlib.grading.zygote's children: the command's libraries are already imported)."""
     args = _parser().parse_args(argv)
+    args.run_in_place = run_in_place
     if args.doctor:
         print(capabilities().report())
         return 0

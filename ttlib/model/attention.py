@@ -27,6 +27,8 @@ from torch import nn
 
 from ttlib.errors import TTLibError
 
+__all__ = ["CacheFullError", "CausalSelfAttention", "KVCache", "explicit_attention", "fast_attention"]
+
 
 class CacheFullError(TTLibError, RuntimeError):
     """Raised when a token is written past the cache's capacity."""

@@ -21,7 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.attention import CausalSelfAttention, KVCache
+
+__all__ = ["Block", "GPTConfig", "KINDS", "MLP", "TrajectoryGPT", "check_dims", "trajectory_mask"]
 
 KINDS = ("obs", "action", "reward", "value")  # what a token is (training logs the validation loss of each)
 
@@ -79,8 +82,8 @@ class Block(nn.Module):
 def check_dims(config) -> None:
     """A model needs its data's dimensions; a training config leaves them 0 until training reads the data."""
     if config.obs_dim < 1 or config.act_dim < 1:
-        raise ValueError(f"{type(config).__name__} needs obs_dim and act_dim of at least 1, got {config.obs_dim} and "
-                         f"{config.act_dim}: set them from the data (train() does)")
+        raise ConfigError(f"{type(config).__name__} needs obs_dim and act_dim of at least 1, got {config.obs_dim} and "
+                          f"{config.act_dim}: set them from the data (train() does)")
 
 
 def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
@@ -145,8 +148,8 @@ class TrajectoryGPT(nn.Module):
         td = self.config.transition_dim
         start = cache.position if cache is not None else 0
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens exceeds the model's block size "
-                             f"{self.config.block_size} ({self.config.n_transitions} transitions)")
+            raise MismatchError(f"sequence of {start + T} tokens exceeds the model's block size "
+                                f"{self.config.block_size} ({self.config.n_transitions} transitions)")
         positions = slice(start, start + T)
         x = self.tok_emb(bins + self.token_offset[positions]) + self.pos_emb[positions]  # (B, T, C)
         x = self.drop(x)

@@ -28,10 +28,17 @@ import torch
 from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
+__all__ = ["ClippingWarning", "NO_MEANS", "NoBinMeansWarning", "STRATEGIES", "TokenizerError", "TokenizerRangeError",
+           "TrajectoryTokenizer", "bin_means", "joined"]
+
 STRATEGIES = ("uniform", "quantile")
 
 
-class TokenizerRangeError(TTLibError, ValueError):
+class TokenizerError(TTLibError, ValueError):
+    """Input the tokenizer cannot bin or unbin: a setting out of range, rows of the wrong width or holding NaN."""
+
+
+class TokenizerRangeError(TokenizerError):
     """Raised (with on_clip="raise") when values fall outside the range the tokenizer was fitted on."""
 
 
@@ -56,7 +63,7 @@ class TrajectoryTokenizer:
                  means: np.ndarray | None = None):
         edges = np.asarray(edges, dtype=np.float64)
         if edges.ndim != 2 or edges.shape[0] != obs_dim + act_dim + 2:
-            raise ValueError(f"edges must be (obs_dim + act_dim + 2, n_bins + 1), got {edges.shape}")
+            raise TokenizerError(f"edges must be (obs_dim + act_dim + 2, n_bins + 1), got {edges.shape}")
         self.edges = edges  # (transition_dim, n_bins + 1): bin i of dim d is [edges[d, i], edges[d, i+1])
         self.obs_dim = obs_dim
         self.act_dim = act_dim
@@ -65,7 +72,7 @@ class TrajectoryTokenizer:
         self.has_means = means is not None  # False: fitted before ttlib kept means; bins decode to centres
         means = self.centers if means is None else np.asarray(means, dtype=np.float64)
         if means.shape != self.centers.shape:
-            raise ValueError(f"means must be (transition_dim, n_bins) = {self.centers.shape}, got {means.shape}")
+            raise TokenizerError(f"means must be (transition_dim, n_bins) = {self.centers.shape}, got {means.shape}")
         self.means = means  # (transition_dim, n_bins): what a bin decodes to, the mean of the data in it
 
     # ---- layout -------------------------------------------------------------------------------------------
@@ -103,15 +110,15 @@ class TrajectoryTokenizer:
         """Fit bin edges on (N, transition_dim) rows [obs, act, reward, value] (see `joined`)."""
         transitions = np.asarray(transitions, dtype=np.float64)
         if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
+            raise TokenizerError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
         if transitions.ndim != 2 or transitions.shape[1] != obs_dim + act_dim + 2:
-            raise ValueError(f"expected (N, {obs_dim + act_dim + 2}) transitions, got {transitions.shape}")
+            raise TokenizerError(f"expected (N, {obs_dim + act_dim + 2}) transitions, got {transitions.shape}")
         if n_bins < 2:
-            raise ValueError("n_bins must be at least 2")
+            raise TokenizerError("n_bins must be at least 2")
         finite = np.isfinite(transitions).all(axis=0)  # (transition_dim,) a NaN would make every edge NaN
         if not finite.all():
-            raise ValueError(f"cannot fit bins: dimension {int(np.flatnonzero(~finite)[0])} of the transitions "
-                             "holds NaN or inf; drop or repair those transitions first")
+            raise TokenizerError(f"cannot fit bins: dimension {int(np.flatnonzero(~finite)[0])} of the transitions "
+                                 "holds NaN or inf; drop or repair those transitions first")
         if strategy == "uniform":
             lo, hi = transitions.min(axis=0), transitions.max(axis=0)  # (transition_dim,)
             hi = np.where(hi > lo, hi, lo + 1e-6)  # a constant dimension still gets a (tiny) range
@@ -134,7 +141,7 @@ class TrajectoryTokenizer:
         where none does. Call it with the rows the edges were fitted on (`fit` does). Returns self."""
         transitions = np.asarray(transitions, dtype=np.float64)
         if transitions.ndim != 2 or transitions.shape[1] != self.transition_dim:
-            raise ValueError(f"expected (N, {self.transition_dim}) transitions, got {transitions.shape}")
+            raise TokenizerError(f"expected (N, {self.transition_dim}) transitions, got {transitions.shape}")
         self.means = bin_means(transitions, self.encode(transitions, on_clip="ignore"), self.centers)
         self.has_means = True
         return self
@@ -160,7 +167,7 @@ class TrajectoryTokenizer:
         values = np.asarray(values, dtype=np.float64)
         dims = self._dims(dims)
         if values.shape[-1] != len(dims):
-            raise ValueError(f"last axis has {values.shape[-1]} values but {len(dims)} dimensions were asked for")
+            raise TokenizerError(f"last axis has {values.shape[-1]} values but {len(dims)} dimensions were asked for")
         n_out = self.out_of_range(values, dims)
         if n_out and on_clip != "ignore":
             message = (f"{n_out} of {values.size} values lie outside the tokenizer's fitted range and were "
@@ -179,7 +186,7 @@ class TrajectoryTokenizer:
         bins = np.asarray(bins)
         dims = self._dims(dims)
         if bins.min(initial=0) < 0 or bins.max(initial=0) >= self.n_bins:
-            raise ValueError(f"bins must lie in [0, {self.n_bins})")
+            raise TokenizerError(f"bins must lie in [0, {self.n_bins})")
         return self.means[dims, bins]  # fancy indexing broadcasts dims over the leading axes
 
     def expectation(self, probs: torch.Tensor, dim: int) -> torch.Tensor:

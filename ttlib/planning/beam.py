@@ -37,7 +37,7 @@ from typing import Literal, get_args
 import torch
 
 from ttlib.agents.critic import Critic
-from ttlib.errors import TTLibError
+from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.gpt import TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning.decoders import DECODERS, STATIC_SEARCHES, DecoderName, open_decoder, resolve
@@ -45,14 +45,17 @@ from ttlib.planning.fast_decoder import BufferPool
 from ttlib.planning.search import Plan, best_children, counter_uniform, decode_plan, plan_score, sample_bins
 from ttlib.planning.static_decoder import static_plan
 
-__all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]  # (re-exported)
+__all__ = ["Beams", "Plan", "PlannerConfig", "PlannerConfigError", "RULES", "VALUES", "Value", "beam_plan",
+           "best_children", "check_critic", "check_fits", "counter_uniform", "course_planner", "critic_planner",
+           "current_states", "decode_plan", "decoded", "imitation_planner", "logits_along", "plan_score",
+           "sample_bins", "score_actions", "search_beams", "token_name", "tokens_fed"]
 
 
 Value = Literal["token", "critic", "likelihood"]  # what can score a plan (PlannerConfig.value)
 VALUES: tuple[str, ...] = get_args(Value)
 
 
-class PlannerConfigError(TTLibError, ValueError):
+class PlannerConfigError(ConfigError):
     """A planner setting that cannot plan: raised when the PlannerConfig is made, so that none exists."""
 
 
@@ -115,8 +118,8 @@ class PlannerConfig:
 def check_critic(config: PlannerConfig, critic) -> None:
     """A planner that scores with a critic needs one: say so before any search starts."""
     if config.value == "critic" and critic is None:
-        raise ValueError("this planner scores with a critic (value='critic') but none was given: pass critic=, "
-                         "train one with `ttlib train-critic`, or plan with value='token'")
+        raise ConfigError("this planner scores with a critic (value='critic') but none was given: pass critic=, "
+                          "train one with `ttlib train-critic`, or plan with value='token'")
 
 
 def course_planner(**overrides) -> PlannerConfig:
@@ -206,8 +209,8 @@ def check_fits(model: TrajectoryGPT, context: int, horizon: int) -> None:
     """A context of C transitions plus a horizon of H must fit the model's window: C + H - 1 <= n_transitions."""
     n = model.config.n_transitions
     if context + horizon - 1 > n:
-        raise ValueError(f"context ({context}) + horizon ({horizon}) - 1 = {context + horizon - 1} transitions "
-                         f"do not fit the model's window of {n} transitions; lower context or horizon")
+        raise MismatchError(f"context ({context}) + horizon ({horizon}) - 1 = {context + horizon - 1} transitions "
+                            f"do not fit the model's window of {n} transitions; lower context or horizon")
 
 
 def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, keys: torch.Tensor,
@@ -234,7 +237,7 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     was_training = model.training
     model.eval()
     try:
-        return _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace,
+        return search_beams(model, tokenizer, prefix, keys, config, buffers, trace,
                           critic if config.value == "critic" else None, observation)
     finally:
         model.train(was_training)
@@ -244,11 +247,11 @@ def _check_prefix(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: 
     c = model.config
     O, A, td = c.obs_dim, c.act_dim, c.transition_dim
     if (tokenizer.obs_dim, tokenizer.act_dim) != (O, A):
-        raise ValueError(f"tokenizer is for obs {tokenizer.obs_dim}/act {tokenizer.act_dim} but the model for "
-                         f"obs {O}/act {A}")
+        raise MismatchError(f"tokenizer is for obs {tokenizer.obs_dim}/act {tokenizer.act_dim} but the model for "
+                            f"obs {O}/act {A}")
     if prefix.shape[1] % td != O:
-        raise ValueError(f"the context must be whole transitions followed by one observation ({O} tokens), "
-                         f"got {prefix.shape[1]} tokens with transition_dim {td}")
+        raise MismatchError(f"the context must be whole transitions followed by one observation ({O} tokens), "
+                            f"got {prefix.shape[1]} tokens with transition_dim {td}")
     check_fits(model, prefix.shape[1] // td + 1, horizon)
 
 
@@ -293,7 +296,8 @@ def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, ac
 
 
 @torch.inference_mode()
-def _beam_plan(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
+    """The search itself, without autograd (see beam_plan, which calls it with the model in evaluation mode)."""
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
     E, H, W, X = prefix.shape[0], config.horizon, config.beam_width, config.sample_expand
@@ -368,7 +372,7 @@ def current_states(tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, observa
         return decoded(tokenizer, prefix[:, -O:], slice(0, O))
     observation = torch.as_tensor(observation, dtype=torch.float32).to(prefix.device)
     if observation.shape != (E, O):
-        raise ValueError(f"observation must be (environments, obs_dim) = ({E}, {O}), got {tuple(observation.shape)}")
+        raise MismatchError(f"observation must be (environments, obs_dim) = ({E}, {O}), got {tuple(observation.shape)}")
     return observation
 
 

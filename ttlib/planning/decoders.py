@@ -33,8 +33,8 @@ from ttlib.planning.fast_decoder import BufferPool, FusedDecoder
 from ttlib.planning.static_decoder import StaticPlanner
 from ttlib.planning.triton_step import TritonPlanner
 
-__all__ = ["AUTO_ON_CPU", "AUTO_ON_CUDA", "DECODERS", "STATIC_SEARCHES", "TOKEN_DECODERS", "CachedDecoder",
-           "Decoder", "DecoderName", "RecomputeDecoder", "open_decoder", "resolve"]
+__all__ = ["AUTO_ON_CPU", "AUTO_ON_CUDA", "CachedDecoder", "DECODERS", "Decoder", "DecoderName", "RecomputeDecoder",
+           "STATIC_SEARCHES", "TOKEN_DECODERS", "open_decoder", "resolve"]
 
 DecoderName = Literal["auto", "fused", "readable", "recompute", "static", "triton"]  # PlannerConfig.decoder
 DECODERS: tuple[str, ...] = get_args(DecoderName)

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from ttlib.model.gpt import TrajectoryGPT
 
+__all__ = ["BufferPool", "FusedDecoder", "LayerWeights", "min_slots", "norm_args"]
+
 
 def min_slots(queries: int, head_dim: int) -> int:
     """Slots a values product of `queries` rows reads at least. ATen multiplies matrices of fewer than 400

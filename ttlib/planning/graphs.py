@@ -23,6 +23,8 @@ import warnings
 
 import torch
 
+__all__ = ["CUDAGraphs", "Eager", "compiled"]
+
 
 class Eager:
     """Every unit launched operation by operation, as written."""

@@ -13,6 +13,8 @@ import torch
 
 from ttlib.model.tokenizer import TrajectoryTokenizer
 
+__all__ = ["Plan", "best_children", "counter_uniform", "decode_plan", "plan_score", "sample_bins"]
+
 
 @dataclass
 class Plan:

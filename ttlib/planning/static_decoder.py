@@ -38,9 +38,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from ttlib.errors import MismatchError
 from ttlib.planning.fast_decoder import BufferPool, LayerWeights, min_slots, norm_args
 from ttlib.planning.graphs import CUDAGraphs, Eager, compiled
 from ttlib.planning.search import Plan, best_children, counter_uniform, decode_plan, sample_bins
+
+__all__ = ["COLUMN", "REWARD", "Rows", "SAMPLE", "SLOT", "StaticPlanner", "UNIFORM", "generated_length",
+           "plan_schedule", "slots", "static_plan"]
 
 SLOT, SAMPLE, UNIFORM, COLUMN, REWARD = range(5)  # the columns of a schedule row
 
@@ -190,8 +194,8 @@ class StaticPlanner:
         if P not in self.prefixes:  # made outside any graph: creating a tensor from the host is no kernel
             attended = [i for i in range(P) if i % self.td != self.td - 1]  # the value tokens are never seen
             if len(attended) > self.Kc:
-                raise ValueError(f"a prefix of {P} tokens is longer than the {self.Kc} context slots this planner "
-                                 "holds: make it with a larger context")
+                raise MismatchError(f"a prefix of {P} tokens is longer than the {self.Kc} context slots this planner "
+                                    "holds: make it with a larger context")
             self.attended[P] = torch.tensor(attended, dtype=torch.long, device=self.keys.device)
             self.prefixes[P] = torch.zeros(self.E, P, dtype=torch.long, device=self.keys.device)
         self.prefixes[P].copy_(prefix)

@@ -30,6 +30,8 @@ W_up (C, 4C), b_up (4C), W_down (4C, C), b_down (C). This module needs Triton; `
 import triton
 import triton.language as tl
 
+__all__ = ["COLUMN", "FP64_DOT", "REWARD", "SAMPLE", "SLOT", "UNIFORM", "decode_step"]
+
 SLOT, SAMPLE, UNIFORM, COLUMN, REWARD = range(5)  # the columns of a schedule row (static_decoder's)
 FP64_DOT = tl.constexpr(tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 2))  # tl.dot takes float64
 # (Triton 3.0, torch 2.4's, does not: there float64 products are summed elementwise -- the tests' dtype, not a GPU's)

@@ -21,7 +21,10 @@ import importlib
 
 import torch
 
+from ttlib.errors import ConfigError, UnavailableError
 from ttlib.planning.static_decoder import StaticPlanner
+
+__all__ = ["BLOCK_B", "BLOCK_F", "BLOCK_S", "TritonPlanner", "check_shapes", "kernels", "pack_layers"]
 
 BLOCK_B = 16  # rows a program decodes (tl.dot needs at least 16)
 BLOCK_S = 16  # cache slots read at a time
@@ -33,17 +36,17 @@ def kernels(device: torch.device):
     try:
         module = importlib.import_module("ttlib.planning.triton_kernels")
     except ImportError as error:
-        raise RuntimeError("the Triton decoding step (decoder='triton') needs Triton, which comes with PyTorch's CUDA "
-                           f"wheels on Linux (pip install triton); it is not installed here ({error}). Plan with "
-                           "decoder='static' or 'fused'") from error
+        raise UnavailableError("the Triton decoding step (decoder='triton') needs Triton, which comes with PyTorch's "
+                               f"CUDA wheels on Linux (pip install triton); it is not installed here ({error}). Plan "
+                               "with decoder='static' or 'fused'") from error
     interpreted = type(module.decode_step).__name__ == "InterpretedFunction"
     if device.type == "cpu" and not interpreted:
-        raise RuntimeError("the Triton decoding step (decoder='triton') runs on a CUDA device; on a CPU only under "
-                           "Triton's interpreter (TRITON_INTERPRET=1, set before Triton is first imported: slow, "
-                           "for tests). Plan with decoder='static' or 'fused' on a CPU")
+        raise UnavailableError("the Triton decoding step (decoder='triton') runs on a CUDA device; on a CPU only under "
+                               "Triton's interpreter (TRITON_INTERPRET=1, set before Triton is first imported: slow, "
+                               "for tests). Plan with decoder='static' or 'fused' on a CPU")
     if device.type == "cuda" and interpreted:
-        raise RuntimeError("Triton was imported with TRITON_INTERPRET=1, which runs kernels on the CPU: unset it to "
-                           "plan with decoder='triton' on a GPU")
+        raise UnavailableError("Triton was imported with TRITON_INTERPRET=1, which runs kernels on the CPU: unset it "
+                               "to plan with decoder='triton' on a GPU")
     return module
 
 
@@ -61,10 +64,10 @@ def check_shapes(C: int, D: int, N: int) -> None:
     """The kernel's tiles: widths that are powers of two, at least 16 (tl.dot's smallest)."""
     for name, value in (("n_embd", C), ("head width (n_embd / n_head)", D)):
         if value < 16 or value & (value - 1):
-            raise ValueError(f"the Triton decoding step needs a {name} that is a power of two of at least 16, got "
-                             f"{value}: plan with decoder='static'")
+            raise ConfigError(f"the Triton decoding step needs a {name} that is a power of two of at least 16, got "
+                              f"{value}: plan with decoder='static'")
     if N < 1:
-        raise ValueError(f"n_bins must be >= 1, got {N}")
+        raise ConfigError(f"n_bins must be >= 1, got {N}")
 
 
 class TritonPlanner(StaticPlanner):
@@ -77,7 +80,7 @@ class TritonPlanner(StaticPlanner):
         check_shapes(c.n_embd, self.D, self.N)
         self.eps = float(model.ln_f.eps)
         if any(b.ln_1.eps != self.eps or b.ln_2.eps != self.eps for b in model.blocks):
-            raise ValueError("the Triton decoding step needs one LayerNorm eps for every layer")
+            raise ConfigError("the Triton decoding step needs one LayerNorm eps for every layer")
         self.packed = pack_layers(self.layers)  # (L, 12C^2 + 13C)
         self.final = torch.cat([model.ln_f.weight.detach(), model.ln_f.bias.detach()])  # (2C,)
         self.tok_emb, self.pos_emb, self.head_weight, self.head_bias, self.reward_means = (

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+__all__ = ["BestModel", "OVERFIT_EVALS", "OVERFIT_MARGIN", "TIE", "best_line", "overfitting"]
+
+
 # Which evaluation's model a run keeps, and when it warns. A validation loss is an estimate (eval_batches random
 # batches of held-out windows): on the course data it moves by about 1% from one evaluation to the next while the
 # model stands still, so losses within TIE of the lowest are a tie, which the later, longer-trained model wins.

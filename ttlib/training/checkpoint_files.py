@@ -31,7 +31,8 @@ import torch
 from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "write_payload", "read_payload", "convert_pickled"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ITEMS", "MAX_HEADER", "METADATA_KEY", "PICKLED_FORMAT", "TENSOR",
+           "TUPLE", "convert_pickled", "read_payload", "write_payload"]
 
 CHECKPOINT_FORMAT = "ttlib-checkpoint-v2"  # a payload's "format": safetensors + JSON
 PICKLED_FORMAT = "ttlib-checkpoint-v1"  # the format before it: the same payload, pickled by torch.save

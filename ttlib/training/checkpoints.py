@@ -22,6 +22,11 @@ from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.checkpoint_files import CHECKPOINT_FORMAT, CheckpointError, read_payload, write_payload
 
+__all__ = ["ASSETS", "COURSE_CHECKPOINT", "DATASET_TYPES", "FIELD_TYPES", "REQUIRED", "REQUIRED_BY_KIND", "RESUMABLE",
+           "WHICH", "check_fields", "check_resume", "checkpoint_weights", "dataset_summary", "default_checkpoint",
+           "export_checkpoint", "from_fields", "load_checkpoint", "load_weights", "pick_device", "read_checkpoint",
+           "save_checkpoint", "weights_info"]
+
 ASSETS = os.environ.get("TTLIB_ASSETS", str(Path(__file__).resolve().parents[2] / "assets"))
 COURSE_CHECKPOINT = "tt_lunarlander.safetensors"  # the shipped Trajectory GPT for the course dataset
 WHICH = ("best", "last")  # the models a checkpoint holds: the best evaluation's, the last step's

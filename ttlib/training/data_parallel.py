@@ -36,13 +36,16 @@ import torch.distributed as dist
 
 from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
+from ttlib.errors import ConfigError, TTLibError
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.checkpoints import check_resume, pick_device, read_checkpoint
 from ttlib.training.train import Shard, TrainConfig, TrainingError, TrainResult, fit_recipe, kind_sums, load_and_split
 from ttlib.training.train import train as train_one
 
-__all__ = ["shard_objective", "shard_sums", "Worker", "train", "worker_main"]
+__all__ = ["Run", "SUM_BUFFERS", "Worker", "all_reduce_sum", "bench", "check_workers", "failure_message",
+           "file_identity", "join_group", "launch_here", "portable", "random_dataset", "resume_point",
+           "shard_objective", "shard_sums", "train", "worker_main"]
 
 
 # ---- the piece that makes slices add up -------------------------------------------------------------------------
@@ -67,8 +70,23 @@ def shard_sums(mean_loss: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     return mean_loss * n_real.clamp(min=1), n_real
 
 
+# torch.distributed sums a tensor on a thread of its own, which lets go of it a moment after the sum. On torch 2.4
+# (gloo), when Python has dropped the tensor by then, freeing it takes Python's interpreter lock, which
+# destroy_process_group holds while it waits for that thread: a worker hung at the end of its run, now and then.
+# So every sum goes through a buffer that lives as long as the process (one per shape and dtype: a few tiny ones).
+SUM_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+@torch.no_grad()
 def all_reduce_sum(tensor: torch.Tensor) -> None:
-    dist.all_reduce(tensor)  # the default operation is the sum
+    """Sums `tensor` over the workers, in place, as torch.distributed.all_reduce does -- through SUM_BUFFERS."""
+    key = (tuple(tensor.shape), tensor.dtype, tensor.device)
+    if key not in SUM_BUFFERS:
+        SUM_BUFFERS[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    buffer = SUM_BUFFERS[key]
+    buffer.copy_(tensor)
+    dist.all_reduce(buffer)  # the default operation is the sum
+    tensor.copy_(buffer)
 
 
 @dataclass
@@ -137,7 +155,7 @@ def worker_main(run: Run, device_type: str) -> dict | None:
         resumed_from = read_checkpoint(go_on_from)["step"] if go_on_from is not None and rank == 0 else None
         result = train_one(run.config, out=run.out, resume=go_on_from, data=run.data, progress=run.progress,
                            dtype=run.dtype, shard=Worker(rank, world_size, device, objective or shard_objective))
-    except ValueError as error:  # TrainingError, CheckpointError, DatasetError among them
+    except TTLibError as error:  # TrainingError, CheckpointError, DatasetError among them: not a bug
         return {"error": error} if rank == 0 else None
     finally:
         dist.destroy_process_group()
@@ -215,13 +233,13 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
 def check_workers(workers: int, batch_size: int, device_type: str, local: bool = True) -> None:
     """A clear error for a run that cannot be split: no workers, fewer windows than workers, too few GPUs."""
     if workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {workers}")
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
     if batch_size < workers:
-        raise ValueError(f"a batch of {batch_size} windows cannot be split over {workers} workers: give every "
-                         f"worker at least one (--batch-size {workers} or more, or fewer --workers)")
+        raise ConfigError(f"a batch of {batch_size} windows cannot be split over {workers} workers: give every "
+                          f"worker at least one (--batch-size {workers} or more, or fewer --workers)")
     if local and device_type == "cuda" and torch.cuda.device_count() < workers:
-        raise ValueError(f"{workers} workers on the GPU need {workers} GPUs (one each); this machine has "
-                         f"{torch.cuda.device_count()}: use fewer --workers, or --device cpu")
+        raise ConfigError(f"{workers} workers on the GPU need {workers} GPUs (one each); this machine has "
+                          f"{torch.cuda.device_count()}: use fewer --workers, or --device cpu")
 
 
 def portable(function: Callable | None):
@@ -297,7 +315,7 @@ def bench(workers=(1, 2, 4), steps: int = 40, batch_size: int = 64, devices: tup
         for k in workers:
             if device == "cuda" and k > torch.cuda.device_count():
                 continue
-            if k == 1:  # one process, as `ttlib train` without --workers (threads: the cores others leave free)
+            if k == 1:  # one process, as `ttlib train` without --workers (threads: as `ttlib bench` fitted them)
                 result = train_one(config, data=data, progress=False)
             else:
                 result = train(config, data=data, workers=k, progress=False)

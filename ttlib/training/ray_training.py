@@ -23,9 +23,12 @@ import uuid
 from tqdm.auto import tqdm
 
 from ttlib.evaluation.ray_cluster import DistributedError, connect
-from ttlib.training.checkpoints import CheckpointError, read_checkpoint
+from ttlib.training.checkpoint_files import CheckpointError
+from ttlib.training.checkpoints import read_checkpoint
 from ttlib.training.data_parallel import Run, failure_message, file_identity, worker_main
 from ttlib.training.train import TrainingError
+
+__all__ = ["Agent", "READY_SECONDS", "launch_on_ray", "on_cluster"]
 
 READY_SECONDS = 120  # how long the cluster may take to find room for every worker
 

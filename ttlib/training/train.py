@@ -18,26 +18,27 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ttlib.agents.critic import load_critic  # noqa: F401 (the notebooks call it from train)
-from ttlib.course import threads
 from ttlib.data import trajectories as ttdata
 from ttlib.data import validate
-from ttlib.data.trajectories import split_episodes, subset  # (notebook 03 calls them from train too)
-from ttlib.errors import TTLibError
+from ttlib.data.trajectories import split_episodes, subset
+from ttlib.errors import ConfigError, TTLibError
 from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.best_model import BestModel, overfitting
-from ttlib.training.checkpoints import (  # noqa: F401 (default_checkpoint, load_checkpoint: the notebooks call them from train)
+from ttlib.training.checkpoints import (
     check_resume,
     checkpoint_weights,
     dataset_summary,
-    default_checkpoint,
-    load_checkpoint,
     load_weights,
     pick_device,
     read_checkpoint,
     save_checkpoint,
 )
+
+__all__ = ["FROM_DATA", "KEEP_BEST_ON", "MIN_STEPS", "PASSES", "RECIPE_EVAL_EVERY", "RECIPE_STEPS", "RunConfig",
+           "Shard", "TrainConfig", "TrainResult", "TrainingError", "TrainingState", "fit", "fit_recipe", "get_batch",
+           "keep_best", "kind_sums", "learning_rate", "load_and_split", "run_loop", "start_training", "train",
+           "validation_losses", "window_tokens"]
 
 
 class TrainingError(TTLibError, ValueError):
@@ -55,7 +56,7 @@ class RunConfig:
     eval_batches: int = 10  # batches per validation estimate
     seed: int = 0  # seeds the split, initial weights and batch order
     device: str = "auto"  # "auto" (cuda if available), "cuda", "cpu"
-    early_stop: int = 0  # stop after this many evaluations in a row more than TIE above the lowest (0: never)
+    early_stop: int = 0  # stop after this many evaluations in a row more than 1% (TIE) above the lowest (0: never)
     top_percent: float = 100.0  # learn from this percentage of the episodes, the highest returns first (100: all)
 
     @property
@@ -81,7 +82,7 @@ class RunConfig:
         run_names = {f.name for f in fields(cls)} - {"model"}
         unknown = set(settings) - model_names - run_names
         if unknown:
-            raise ValueError(f"{cls.__name__} has no setting {', '.join(sorted(unknown))}")
+            raise ConfigError(f"{cls.__name__} has no setting {', '.join(sorted(unknown))}")
         model = model_class(**{k: v for k, v in settings.items() if k in model_names})
         return cls(**{k: v for k, v in settings.items() if k in run_names}, model=model)
 
@@ -268,7 +269,7 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
     dtype: the model's (float64 for exactness checks); shard: this process's part in a data-parallel run."""
     config, shard = config or TrainConfig(), shard or Shard()
     if config.keep_best_on not in KEEP_BEST_ON:
-        raise ValueError(f"keep_best_on must be one of {', '.join(KEEP_BEST_ON)}, got {config.keep_best_on!r}")
+        raise ConfigError(f"keep_best_on must be one of {', '.join(KEEP_BEST_ON)}, got {config.keep_best_on!r}")
     device = shard.device or pick_device(config.device)
     torch.manual_seed(config.seed)
     data, train_data, val_data = load_and_split(config, data, config.gamma, progress)
@@ -394,7 +395,6 @@ def run_loop(model, optimizer, config, next_batch, next_val_batch, history: list
     bar = tqdm(range(start, config.steps), desc="training", disable=not progress, initial=start,
                total=config.steps)
     for step in bar:
-        threads.keep_fitting()  # as many torch threads as other programs leave cores free
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         loss, value = shard.step_loss(model, next_batch())

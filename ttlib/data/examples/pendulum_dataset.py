@@ -22,6 +22,8 @@ import minari
 import numpy as np
 from minari.data_collector import EpisodeBuffer
 
+__all__ = ["MAX_TORQUE", "collect", "main", "swing_up", "write_dataset"]
+
 MAX_TORQUE = 2.0
 
 

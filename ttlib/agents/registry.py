@@ -1,0 +1,167 @@
+"""Every agent `ttlib evaluate` and the notebooks play, by name: how each is loaded, ready for `rollout.play`.
+
+    loaded = registry.load("dt", target_return=250.0)   # the shipped Decision Transformer, asking for 250
+    info = loaded.dataset
+    result = rollout.play(loaded.agent, info["env_id"], range(10), info["env_kwargs"])
+
+AGENTS maps a name (`ttlib evaluate --model NAME`) to an `Entry`: the function that loads the agent -- from a
+checkpoint, with options named as `ttlib evaluate`'s -- and which checkpoints hold it. An agent is added in two
+places: its own module (the agent, after ttlib.agents.protocol.Agent, and how its checkpoints load) and one entry
+here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ttlib.agents import baselines, dt
+from ttlib.agents.critic import load_critic
+from ttlib.agents.protocol import Loaded
+from ttlib.errors import ConfigError, MismatchError
+from ttlib.evaluation.rollout import PlannerAgent
+from ttlib.planning.beam import PlannerConfig, course_planner, critic_planner, imitation_planner
+from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint, weights_info
+
+__all__ = ["AGENTS", "Entry", "load", "load_baseline", "load_dt", "load_tt", "name_of", "options_of", "planner_for",
+           "training_seconds", "weights_words"]
+
+
+def weights_words(info: dict) -> str:
+    """"the best model, step 500" -- which of a checkpoint's models was loaded (checkpoints.weights_info)."""
+    step = f", step {info['step']}" if info.get("step") is not None else ""
+    return f"the {info['which']} model{step}"
+
+
+def training_seconds(history) -> float | None:
+    """How long a training run took, from a checkpoint's history: a list of evaluations (the last one's
+    "seconds"), or a baseline's dict."""
+    if isinstance(history, dict):
+        return history.get("seconds")
+    return history[-1].get("seconds") if history else None
+
+
+def _check_settings(settings: dict, config_class, fixed=()) -> None:
+    """Settings given by name are fields of `config_class` (but the `fixed` ones), or a ConfigError names them."""
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(config_class)} | set(fixed) & set(settings))
+    if unknown:
+        raise ConfigError(f"no setting {', '.join(unknown)}: the settings are {config_class.__name__}'s fields"
+                          + (f" but {', '.join(fixed)}" if fixed else ""))
+
+
+# ---- the Trajectory Transformer's planner ---------------------------------------------------------------------
+def planner_for(critic, payload: dict | None = None, value: str | None = None, **overrides) -> PlannerConfig:
+    """The planner a checkpoint plays with: `critic_planner()` when scoring with its critic (value="critic", the
+    default when it has one), `imitation_planner()` for value="likelihood" (the default for a model trained on the
+    best episodes only, --top-percent), else `course_planner()`; `overrides` (PlannerConfig fields) change single
+    settings, top_k_action=0 meaning all bins (as `ttlib evaluate --top-k 0`)."""
+    imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
+    value = value or ("critic" if critic is not None else "likelihood" if imitates else "token")
+    if value == "critic" and critic is None:
+        raise ConfigError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
+                          "--checkpoint PATH`, or plan with --value token")
+    _check_settings(overrides, PlannerConfig)
+    if overrides.get("top_k_action") == 0:
+        overrides["top_k_action"] = None  # all bins
+    preset = {"critic": critic_planner, "likelihood": imitation_planner}.get(value, course_planner)
+    planner = preset(**overrides, value=value)
+    planner.validate()  # a value of none of the presets among the rest
+    return planner
+
+
+def load_tt(checkpoint: str | None = None, device: str = "auto", which: str = "best", **planner) -> Loaded:
+    """The planner on a Trajectory GPT checkpoint (default: the shipped one) and its critic, if it has one.
+    `planner`: PlannerConfig fields, `value` choosing the preset the others change (planner_for)."""
+    path = checkpoint or default_checkpoint()
+    model, tokenizer, payload = load_checkpoint(path, device=device, which=which)
+    critic = load_critic(path, device=device, payload=payload)
+    planner = planner_for(critic, payload, **planner)
+    weights = weights_info(payload, which)
+    notes = ["planned with the value token: this checkpoint has no critic (`ttlib train-critic` adds one)"] \
+        if planner.value == "token" and critic is None else []
+    return Loaded(PlannerAgent(model, tokenizer, planner, critic), payload["dataset"], weights_words(weights),
+                  {"model": "tt", "planner": dataclasses.asdict(planner), "weights": weights}, notes,
+                  training_seconds(payload.get("history")))
+
+
+# ---- the Decision Transformer ----------------------------------------------------------------------------------
+def load_dt(checkpoint: str | None = None, device: str = "auto", which: str = "best",
+            target_return: float | None = None) -> Loaded:
+    """A Decision Transformer checkpoint (default: the shipped one) asking for `target_return` (default: its
+    dataset's expert reference score)."""
+    model, payload = dt.load_checkpoint(checkpoint, device=device, which=which)
+    info = payload["dataset"]
+    target = target_return if target_return is not None else dt.default_target(info)
+    weights = weights_info(payload, which)
+    return Loaded(dt.DTAgent(model, target), info,
+                  f"Decision Transformer ({weights_words(weights)}), target return {target:.1f}",
+                  {"model": "dt", "target_return": target, "weights": weights},
+                  training_seconds=training_seconds(payload.get("history")))
+
+
+# ---- the baselines ---------------------------------------------------------------------------------------------
+def load_baseline(kind: str, checkpoint: str | None = None, dataset: str | None = None, critic: str | None = None,
+                  progress: bool = True, **settings) -> Loaded:
+    """A baseline policy of `kind` ("bc" or "iql"): a checkpoint's, or (without one) trained now in seconds on
+    `dataset` (default: the course dataset) with `settings` (PolicyConfig fields but kind: top_percent, seed, beta,
+    ...)."""
+    if checkpoint:
+        if settings:
+            raise ConfigError(f"{', '.join(sorted(settings))} say how to train a baseline; {checkpoint} holds one "
+                              "trained already")
+        policy, config, payload = baselines.load_policy(checkpoint)
+        info, trained, history = payload["dataset"], "checkpoint " + checkpoint, payload.get("history")
+        if config.kind != kind:
+            raise MismatchError(f"{checkpoint} holds a {config.kind} policy, not {kind}")
+    else:
+        _check_settings(settings, baselines.PolicyConfig, fixed={"kind"})
+        policy, config, info, history = baselines.trained_policy(baselines.PolicyConfig(**settings, kind=kind),
+                                                                 dataset, critic, progress=progress)
+        trained = f"trained now in {history['seconds']:.0f} s on {history['episodes']} episodes"
+    return Loaded(policy, info, f"{config.name} ({trained})",
+                  {"model": kind, "agent": config.name, "dataset": info["id"]},
+                  training_seconds=training_seconds(history))
+
+
+# ---- the registry ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    load: Callable[..., Loaded]  # options -> the agent, ready to play
+    holds: Callable[[dict], bool]  # is a checkpoint's payload (read_checkpoint) one of this agent's?
+    about: str  # what it is, in a few words (`ttlib evaluate --help`)
+
+
+def _policy_of(kind: str) -> Callable[[dict], bool]:
+    return lambda payload: payload.get("kind") == baselines.POLICY_KIND and payload["policy_config"]["kind"] == kind
+
+
+AGENTS = {
+    "tt": Entry(load_tt, lambda payload: payload.get("kind") == "trajectory-gpt", "the Trajectory Transformer"),
+    "dt": Entry(load_dt, lambda payload: payload.get("kind") == dt.KIND, "the Decision Transformer"),
+    "bc": Entry(functools.partial(load_baseline, "bc"), _policy_of("bc"), "behaviour cloning; with --top-percent, %BC"),
+    "iql": Entry(functools.partial(load_baseline, "iql"), _policy_of("iql"), "IQL's policy"),
+}
+
+
+def load(name: str, **options) -> Loaded:
+    """The agent `name` (a key of AGENTS), loaded with `options` (its loader's keyword arguments)."""
+    if name not in AGENTS:
+        raise ConfigError(f"no agent named {name!r}; the agents are {', '.join(AGENTS)}")
+    return AGENTS[name].load(**options)
+
+
+def options_of(name: str) -> list[str]:
+    """The options agent `name`'s loader takes by name (besides its config's fields: the planner's PlannerConfig,
+    a baseline's PolicyConfig)."""
+    parameters = inspect.signature(AGENTS[name].load).parameters.values()
+    return [p.name for p in parameters if p.kind is not p.VAR_KEYWORD]
+
+
+def name_of(checkpoint: str) -> str:
+    """The agent a checkpoint holds, by its kind (a checkpoint of no known kind: "tt", whose loader then says
+    what it holds)."""
+    payload = read_checkpoint(checkpoint, kind=None)
+    return next((name for name, entry in AGENTS.items() if entry.holds(payload)), "tt")
