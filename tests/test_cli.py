@@ -38,6 +38,8 @@ def test_make_dataset_and_list(minari_root):
     (["make-dataset", "--dataset", "ttlib/nope-v0"], "ttlib/lunarlander/mixed-v0"),
     (["evaluate", "--checkpoint", "no/such/file.pt"], "no checkpoint at no/such/file.pt"),
     (["evaluate", "--beam-width", "0", "--episodes", "1"], "beam_width must be >= 1"),
+    (["evaluate", "--decoder", "static", "--value", "likelihood", "--episodes", "1"],
+     "decoder='static' is the static search, which scores with the value token"),
     (["bench", "planning", "--preset", "tiny", "--repeats", "0"], "repeats"),
     (["bench", "planning", "--preset", "tiny", "--repeats", "1", "--uncached-repeats", "0", "--faster-tt",
       "no/such/dir"], "no faster-TT checkout at no/such/dir"),
@@ -111,7 +113,7 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert "validation loss" in result.stdout
     assert os.path.getsize(tmp_path / "slim.pt") < os.path.getsize(ckpt)  # no optimiser state
     result = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "2", "--max-steps", "5", "--beam-width", "2",
-                   "--horizon", "2", "--context", "2", "--json")
+                   "--horizon", "2", "--context", "2", "--decoder", "readable", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["episodes"] == 2 and out["steps"] == 10 and "dataset_mean_return" in out
@@ -121,6 +123,7 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert out["stderr_return"] == pytest.approx(returns.std(ddof=1) / np.sqrt(2))
     assert out["below_zero_fraction"] == pytest.approx((returns < 0).mean())
     assert out["planner"]["value"] == "token" and out["planner"]["horizon"] == 2
+    assert out["planner"]["decoder"] == "readable"
 
     refused = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "1", "--value", "critic")
     assert refused.returncode == 2 and "has no critic" in refused.stderr and "ttlib train-critic" in refused.stderr

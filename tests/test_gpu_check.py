@@ -21,7 +21,7 @@ import torch
 from tools import gpu_check, gpu_wheels
 from ttlib.bench.decoding import decoders_for
 from ttlib.course.notebooks import NOTEBOOKS
-from ttlib.planning import beam as planning
+from ttlib.planning import decoders
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "gpu-check"
@@ -177,7 +177,7 @@ def test_training_and_rollouts_report_consistent_figures(smoke):
     assert rollouts["projected_s"] == pytest.approx(rollouts["seconds"])  # (finished: the projection is the time)
     assert rollouts["vectorized_s"] == rollouts["seconds"]
     assert len(rollouts["returns"]) == 3  # the static planners kept (on a CPU: the fused decoder, none kept)
-    assert rollouts["graphs"] == ([{"runner": "eager"}] if planning.AUTO_ON_CPU == "static" else [])
+    assert rollouts["graphs"] == ([{"runner": "eager"}] if decoders.AUTO_ON_CPU == "static" else [])
 
 
 def test_the_smoke_notebook_ran_with_nbclient(smoke):

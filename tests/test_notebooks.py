@@ -33,6 +33,7 @@ from ttlib.model.attention import CausalSelfAttention, KVCache, explicit_attenti
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning import beam as planning
+from ttlib.planning import decoders
 from ttlib.training.train import TrainConfig, learning_rate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
@@ -686,7 +687,7 @@ def test_05_beam_search_makes_beam_plans_plan():
         keys = torch.as_tensor(rng.integers(0, 2**40, size=E))
         expected_trace, trace = [], []
         expected = planning.beam_plan(model, tokenizer, prefix, keys, config, trace=expected_trace)
-        decoder = planning.RecomputeDecoder if trial % 3 == 0 else planning.CachedDecoder
+        decoder = decoders.RecomputeDecoder if trial % 3 == 0 else decoders.CachedDecoder
         got = search(model, tokenizer, prefix, keys, config, decoder, trace)
         assert torch.equal(got.bins, expected.bins)
         for name in ("score", "rewards", "values", "actions", "observations"):

@@ -1,4 +1,9 @@
-"""Beam search: the KV cache changes the speed, never the plan."""
+"""Beam search: the KV cache changes the speed, never the plan; one field chooses the decoder."""
+
+import ast
+import inspect
+import textwrap
+from dataclasses import FrozenInstanceError, fields, replace
 
 import numpy as np
 import pytest
@@ -6,9 +11,13 @@ import torch
 
 from ttlib.bench.decoding import PRESETS, random_model
 from ttlib.bench.flops import plan_flops
+from ttlib.errors import TTLibError
 from ttlib.planning import beam as planning
-from ttlib.planning.beam import CachedDecoder, PlannerConfig, RecomputeDecoder, beam_plan, counter_uniform, sample_bins
+from ttlib.planning import decoders
+from ttlib.planning.beam import PlannerConfig, PlannerConfigError, beam_plan, counter_uniform, sample_bins
+from ttlib.planning.decoders import CachedDecoder, RecomputeDecoder
 from ttlib.planning.fast_decoder import BufferPool, FusedDecoder, min_slots
+from ttlib.planning.static_decoder import StaticPlanner
 
 
 def tiny(dtype=torch.float64, seed=0, device="cpu"):
@@ -32,7 +41,7 @@ def test_all_three_decoders_make_the_same_plan_in_float64(seed, device):
     keys = torch.tensor([11, 22, 33]) + seed
     settings = dict(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5)
     fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings))
-    for other in (PlannerConfig(**settings, cache="readable"), PlannerConfig(**settings, use_cache=False)):
+    for other in (PlannerConfig(**settings, decoder="readable"), PlannerConfig(**settings, decoder="recompute")):
         plan = beam_plan(model, tok, prefix, keys, other)
         assert torch.equal(fused.bins, plan.bins)
         torch.testing.assert_close(fused.score, plan.score, atol=1e-9, rtol=0)
@@ -47,9 +56,9 @@ def test_both_decoders_compute_the_same_logits_along_a_float32_plan(seed, device
     prefix = prefix_for(model, 3, 3, seed)
     plan = beam_plan(model, tok, prefix, torch.tensor([11, 22, 33]) + seed,
                      PlannerConfig(beam_width=4, horizon=3, sample_expand=3, context=3, top_k_action=5))
-    cached = planning.logits_along(model, prefix, plan.bins, use_cache=True)
-    recomputed = planning.logits_along(model, prefix, plan.bins, use_cache=False)
-    readable = planning.logits_along(model, prefix, plan.bins, cache="readable")
+    cached = planning.logits_along(model, prefix, plan.bins, "fused")
+    recomputed = planning.logits_along(model, prefix, plan.bins, "recompute")
+    readable = planning.logits_along(model, prefix, plan.bins, "readable")
     assert cached.shape == (3, plan.bins.shape[1], model.config.n_bins)
     torch.testing.assert_close(cached, recomputed, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(readable, recomputed, atol=1e-4, rtol=1e-4)
@@ -66,8 +75,9 @@ def test_decoders_agree_through_any_sequence_of_expansions_and_selections(device
     drop and duplicate rows (each row stays with its environment: the first half of the rows plans for environment
     0, the second for 1)."""
     model, _ = tiny(torch.float64, device=device)
-    fused, readable, recomputed = (Decoder(model, prefix_for(model, 2, 2).to(device), 3, 10) for Decoder in (
-        FusedDecoder, CachedDecoder, RecomputeDecoder))
+    prefix = prefix_for(model, 2, 2).to(device)
+    fused = FusedDecoder(model, prefix, 3, capacity=10)
+    readable, recomputed = CachedDecoder(model, prefix, 3), RecomputeDecoder(model, prefix, 3)
     decoders = (fused, readable, recomputed)
     torch.testing.assert_close(fused.logits, recomputed.logits)
     torch.testing.assert_close(readable.logits, recomputed.logits)
@@ -181,13 +191,17 @@ def test_sample_bins_follows_the_distribution_and_top_k():
 
 @pytest.mark.parametrize("field, value", [("beam_width", 0), ("horizon", 0), ("sample_expand", 0),
                                           ("context", 0), ("temperature", 0.0), ("top_p_action", 0.0),
-                                          ("top_p_action", 1.5)])
-def test_bad_planner_settings_raise(field, value):
-    model, tok = tiny()
-    config = PlannerConfig(beam_width=2, horizon=2, context=2)
-    setattr(config, field, value)
-    with pytest.raises(ValueError, match=field):
-        beam_plan(model, tok, prefix_for(model, 1, 2), torch.tensor([0]), config)
+                                          ("top_p_action", 1.5), ("top_k_action", 0), ("gamma", 1.5),
+                                          ("value_weight", -1.0), ("beam_width", "8"), ("horizon", 2.0),
+                                          ("gamma", True), ("decoder", "cached")])
+def test_bad_planner_settings_raise_when_the_config_is_made(field, value):
+    """An invalid planner cannot exist: it raises when made (or replaced), and a made one cannot be changed."""
+    with pytest.raises(PlannerConfigError, match=field):
+        PlannerConfig(**{"beam_width": 2, "horizon": 2, "context": 2, field: value})
+    with pytest.raises(PlannerConfigError, match=field):
+        replace(PlannerConfig(), **{field: value})
+    with pytest.raises(FrozenInstanceError):
+        setattr(PlannerConfig(), field, value)
 
 
 def test_context_plus_horizon_longer_than_the_model_raises():
@@ -287,7 +301,7 @@ def test_score_actions_gives_every_child_of_a_one_step_search_its_score():
     # another action gets another score, through the same cached or recomputing decoder
     other = planning.score_actions(model, tok, prefix, -plan.actions[:, 0], gamma=0.9)
     assert not torch.allclose(other, score)
-    torch.testing.assert_close(planning.score_actions(model, tok, prefix, -plan.actions[:, 0], 0.9, use_cache=False),
+    torch.testing.assert_close(planning.score_actions(model, tok, prefix, -plan.actions[:, 0], 0.9, "recompute"),
                                other)
 
 
@@ -308,5 +322,79 @@ def test_the_imitation_planner_takes_the_likeliest_of_its_proposals(horizon):
     torch.testing.assert_close(plan.score, log_p.float(), atol=1e-6, rtol=0)
     if horizon == 1:  # every proposal was one action: the plan is the likeliest of the 12 per environment
         assert torch.equal(plan.score, trace[0][0].view(2, -1).max(dim=1).values.float())
-    with pytest.raises(ValueError, match="value must be one of 'token', 'critic', 'likelihood'"):
-        beam_plan(model, tok, prefix, torch.tensor([1, 2]), PlannerConfig(value="nope", context=2))
+    with pytest.raises(PlannerConfigError, match="value must be one of 'token', 'critic', 'likelihood'"):
+        PlannerConfig(value="nope", context=2)
+
+
+# ---- one decoder choice ----------------------------------------------------------------------------------------
+def test_one_field_chooses_the_decoder():
+    """PlannerConfig.decoder is the one choice of decoder: no other field says how to decode, its names are the
+    registry's, and every name but "auto" is exactly one decoder class."""
+    names = {f.name for f in fields(PlannerConfig)}
+    assert "decoder" in names and not names & {"use_cache", "cache", "cuda_graphs", "graphs"}
+    assert PlannerConfig().decoder == "auto" and PlannerConfig.__annotations__["decoder"] == "DecoderName"
+    assert set(decoders.DECODERS) == {"auto", *decoders.TOKEN_DECODERS, *decoders.STATIC_SEARCHES}
+    assert not set(decoders.TOKEN_DECODERS) & set(decoders.STATIC_SEARCHES)
+    with pytest.raises(PlannerConfigError) as raised:
+        PlannerConfig(decoder="cached")
+    assert isinstance(raised.value, TTLibError) and isinstance(raised.value, ValueError)
+    assert str(raised.value) == ("decoder must be one of 'auto', 'fused', 'readable', 'recompute', 'static', "
+                                 "'triton', got 'cached'")
+    for name in decoders.STATIC_SEARCHES:  # what the static search cannot do is said when the config is made
+        with pytest.raises(PlannerConfigError, match=f"decoder='{name}' is the static search"):
+            PlannerConfig(decoder=name, value="critic")
+    with pytest.raises(PlannerConfigError, match="compile_step compiles the static search's step"):
+        PlannerConfig(decoder="fused", compile_step=True)
+
+
+def unused_parameters(method) -> list[str]:
+    """The parameters of a method (self aside) that its body never reads."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    function = tree.body[0]
+    read = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+    return [a.arg for a in function.args.args[1:] + function.args.kwonlyargs if a.arg not in read]
+
+
+def parameters(method) -> list[str]:
+    return list(inspect.signature(method).parameters)
+
+
+@pytest.mark.parametrize("name", [n for n in decoders.DECODERS if n != "auto"])
+def test_every_decoder_implements_its_protocol_and_reads_every_argument(name):
+    """A token decoder is made as cls(model, prefix, beams_per_env) (more only with defaults) and has the Decoder
+    protocol's methods, with its parameters; a static search is a StaticPlanner with its constructor and plan.
+    No argument is taken only to be ignored."""
+    if name in decoders.STATIC_SEARCHES:
+        cls = decoders.STATIC_SEARCHES[name]
+        assert issubclass(cls, StaticPlanner)
+        methods = ("__init__", "plan")
+        reference = StaticPlanner
+    else:
+        cls = decoders.TOKEN_DECODERS[name]
+        init = inspect.signature(cls.__init__).parameters
+        assert list(init)[:4] == ["self", "model", "prefix", "beams_per_env"]
+        assert all(p.default is not p.empty for p in list(init.values())[4:]), f"{cls.__name__}: more than 3 needed"
+        assert unused_parameters(cls.__init__) == [], cls.__name__
+        methods = ("feed", "expand", "select", "release")
+        reference = decoders.Decoder
+        model, _ = tiny()
+        made = cls(model, prefix_for(model, 2, 1), 3)
+        assert isinstance(made, decoders.Decoder) and made.logits.shape == (6, model.config.n_bins)
+    for method in methods:
+        assert parameters(getattr(cls, method)) == parameters(getattr(reference, method)), (cls.__name__, method)
+        if method in vars(cls):  # (a method it inherits is checked where it is written)
+            assert unused_parameters(getattr(cls, method)) == [], (cls.__name__, method)
+
+
+def test_auto_is_resolved_by_the_device():
+    """"auto" is the fastest measured where the plan runs: the static search on a GPU that replays its graphs
+    (a pool kept from plan to plan), the fused decoder on a GPU planning once, AUTO_ON_CPU on a CPU; a search tree,
+    a critic or the likelihood need the search in beam.py. A named decoder is itself."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert decoders.resolve("auto", cuda, replays=True) == decoders.AUTO_ON_CUDA
+    assert decoders.resolve("auto", cuda, replays=False) == "fused"
+    assert decoders.resolve("auto", cuda, replays=True, tokens_needed=True) == "fused"
+    assert decoders.resolve("auto", cpu, replays=True) == decoders.AUTO_ON_CPU
+    for name in decoders.DECODERS[1:]:
+        assert decoders.resolve(name, cpu, replays=False) == name
+    assert decoders.AUTO_ON_CPU in decoders.DECODERS and decoders.AUTO_ON_CUDA in decoders.STATIC_SEARCHES

@@ -9,7 +9,7 @@ import torch
 
 from ttlib.bench.decoding import PRESETS, random_model
 from ttlib.planning import beam as planning
-from ttlib.planning.beam import PlannerConfig, beam_plan
+from ttlib.planning.beam import PlannerConfig, PlannerConfigError, beam_plan
 from ttlib.planning.fast_decoder import BufferPool
 from ttlib.planning.graphs import CUDAGraphs, Eager, compiled
 from ttlib.planning.static_decoder import StaticPlanner, generated_length, plan_schedule, slots
@@ -46,10 +46,10 @@ def test_the_static_search_makes_the_fused_plan_in_float64(n_envs, past, setting
     replays them). In float64 rounding is far below any near-tie a search meets (see test_planning)."""
     model, tok = tiny(torch.float64, seed, device)
     prefix, keys = prefix_for(model, n_envs, past, seed), torch.arange(n_envs) * 7 + seed
-    fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, cache="fused"))
+    fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, decoder="fused"))
     pool = BufferPool()
     for _ in range(2):
-        static = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, cache="static"), pool)
+        static = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, decoder="static"), pool)
         assert torch.equal(static.bins, fused.bins)
         for name in ("score", "rewards", "values", "actions", "observations"):
             torch.testing.assert_close(getattr(static, name), getattr(fused, name), atol=1e-6, rtol=0)
@@ -80,14 +80,14 @@ def test_the_static_step_gives_the_models_logits_in_float32(seed, device):
     plan's own tokens, to float32 rounding -- on CUDA, as the replayed graphs computed them."""
     model, tok = tiny(torch.float32, seed, device)
     prefix, keys = prefix_for(model, 3, 2, seed).to(device), torch.tensor([5, 6, 7], device=device)
-    config = PlannerConfig(beam_width=1, sample_expand=1, horizon=3, context=3, cache="static")
+    config = PlannerConfig(beam_width=1, sample_expand=1, horizon=3, context=3, decoder="static")
     runner = Recording(CUDAGraphs() if device.type == "cuda" else Eager())
     planner = runner.planner = StaticPlanner(model.eval(), tok, config, 3, runner)
     with torch.inference_mode():
         planner.plan(prefix, keys)  # (on CUDA: records the graphs)
         runner.logits.clear()
         plan = planner.plan(prefix, keys)
-    along = planning.logits_along(model, prefix, plan.bins, use_cache=False)  # (E, n, N), recomputed
+    along = planning.logits_along(model, prefix, plan.bins, "recompute")  # (E, n, N), recomputed
     steps = torch.stack(runner.logits, dim=1)  # (E, n, N): before the first token, then after every token fed
     assert steps.shape == along.shape == (3, generated_length(tok.act_dim, tok.obs_dim, 3), model.config.n_bins)
     torch.testing.assert_close(steps, along, atol=1e-4, rtol=1e-4)
@@ -98,7 +98,7 @@ def test_a_kept_planner_is_reused_and_what_it_held_leaves_no_trace():
     """The second plan of a rollout reuses the first one's planner, whose cache still holds the first context and
     plan (here a longer context, other keys); the plan is what a fresh planner makes."""
     model, tok = tiny()
-    config = PlannerConfig(beam_width=3, horizon=3, sample_expand=2, context=3, cache="static")
+    config = PlannerConfig(beam_width=3, horizon=3, sample_expand=2, context=3, decoder="static")
     pool = BufferPool()
     beam_plan(model, tok, prefix_for(model, 2, 2, seed=1), torch.tensor([8, 9]), config, pool)
     (kept,) = pool.kept.values()
@@ -113,14 +113,14 @@ def test_a_model_changed_in_place_gets_a_new_planner():
     """Training between two plans changes the weights where they are: a kept planner (its weights laid out once)
     would plan with the old ones, so the new weights make a new planner."""
     model, tok = tiny()
-    config = PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2, cache="static")
+    config = PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2, decoder="static")
     prefix, keys, pool = prefix_for(model, 2, 1), torch.tensor([3, 4]), BufferPool()
     before = beam_plan(model, tok, prefix, keys, config, pool)
     with torch.no_grad():
         for block in model.blocks:
             block.mlp.up.weight.mul_(3.0)
     after = beam_plan(model, tok, prefix, keys, config, pool)
-    assert torch.equal(after.bins, beam_plan(model, tok, prefix, keys, replace(config, cache="fused")).bins)
+    assert torch.equal(after.bins, beam_plan(model, tok, prefix, keys, replace(config, decoder="fused")).bins)
     assert not torch.equal(after.score, before.score) and len(pool.kept) == 2
 
 
@@ -151,7 +151,7 @@ def test_the_schedule_lays_out_a_plan(X):
 def test_a_failed_capture_says_why_and_plans_eagerly():
     """On a CPU the CUDA graph capture fails for real: the runner warns once, says why, and the plan is exact."""
     model, tok = tiny()
-    config = PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2, cache="static")
+    config = PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2, decoder="static")
     prefix, keys = prefix_for(model, 2, 1), torch.tensor([3, 4])
     runner = CUDAGraphs()
     with warnings.catch_warnings(record=True) as caught:
@@ -165,36 +165,46 @@ def test_a_failed_capture_says_why_and_plans_eagerly():
                                     ("finish",)}  # every unit of a 2-step plan, tried once
     A, O = tok.act_dim, tok.obs_dim
     assert runner.graphs == {} and runner.replays == 0 and runner.eager_runs == 1 + 2 * (1 + A + 1 + 1) + 1 + O + 1
-    assert torch.equal(plan.bins, beam_plan(model, tok, prefix, keys, replace(config, cache="fused")).bins)
+    assert torch.equal(plan.bins, beam_plan(model, tok, prefix, keys, replace(config, decoder="fused")).bins)
 
 
 def test_a_prefix_longer_than_the_planners_context_gets_room():
     """beam_plan takes any prefix that fits the model's window, whatever config.context says; so does the static
     search (a planner with room for it); a planner made for a shorter context says so."""
     model, tok = tiny()
-    config = PlannerConfig(beam_width=2, horizon=2, sample_expand=2, context=1, cache="static")
+    config = PlannerConfig(beam_width=2, horizon=2, sample_expand=2, context=1, decoder="static")
     prefix, keys = prefix_for(model, 2, 2), torch.tensor([1, 2])
     static = beam_plan(model, tok, prefix, keys, config)
-    assert torch.equal(static.bins, beam_plan(model, tok, prefix, keys, replace(config, cache="fused")).bins)
+    assert torch.equal(static.bins, beam_plan(model, tok, prefix, keys, replace(config, decoder="fused")).bins)
     with torch.inference_mode(), pytest.raises(ValueError, match="longer than the 3 context slots"):
         StaticPlanner(model, tok, config, 2, Eager()).plan(prefix, keys)
 
 
 def test_the_static_search_says_what_it_cannot_do():
+    """It keeps no search tree (said when asked for one) and scores with the value token only (said when the
+    config is made: test_planning)."""
     model, tok = tiny()
-    config = PlannerConfig(beam_width=2, horizon=1, context=2, cache="static")
-    with pytest.raises(ValueError, match="scores with the value token and keeps no trace"):
+    config = PlannerConfig(beam_width=2, horizon=1, context=2, decoder="static")
+    with pytest.raises(PlannerConfigError, match="keeps no search tree: plan with decoder='fused' to trace it"):
         beam_plan(model, tok, prefix_for(model, 1, 1), torch.tensor([0]), config, trace=[])
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert planning.static_search(PlannerConfig(), cuda)  # the GPU's default when buffers are kept (a rollout) ...
-    assert not planning.static_search(PlannerConfig(), cuda, kept=False)  # ... but not for one plan
-    assert not planning.static_search(PlannerConfig(cuda_graphs=False), cuda)
-    assert planning.static_search(PlannerConfig(cache="static", cuda_graphs=False), cuda, kept=False)  # asked for
-    assert planning.static_search(PlannerConfig(), cpu) == (planning.AUTO_ON_CPU == "static")
-    assert not planning.static_search(PlannerConfig(use_cache=False), cuda)
-    assert not planning.static_search(PlannerConfig(value="likelihood"), cuda)  # the imitation mode: fused
-    with pytest.raises(ValueError, match="for a critic, the likelihood or a search tree"):
-        planning.static_search(PlannerConfig(value="likelihood", cache="static"), cuda)
+    trace = []  # "auto" with a trace: the fused decoder, on any device
+    auto = beam_plan(model, tok, prefix_for(model, 1, 1), torch.tensor([0]), replace(config, decoder="auto"),
+                     BufferPool(), trace=trace)
+    assert len(trace) == 1 and torch.equal(auto.bins, beam_plan(model, tok, prefix_for(model, 1, 1),
+                                                                  torch.tensor([0]), config).bins)
+
+
+def test_a_pool_without_graphs_launches_the_static_search_kernel_by_kernel(device):
+    """BufferPool(graphs=False) keeps the static planner but runs its units eagerly, on any device: what `ttlib
+    bench planning` times the graphs against. The plan is the same."""
+    model, tok = tiny(device=device)
+    config = PlannerConfig(beam_width=3, horizon=2, sample_expand=2, context=2, decoder="static")
+    prefix, keys = prefix_for(model, 2, 1), torch.tensor([3, 4])
+    launched, replayed = BufferPool(graphs=False), BufferPool()
+    plans = [beam_plan(model, tok, prefix, keys, config, pool) for pool in (launched, replayed, launched, replayed)]
+    assert all(torch.equal(plan.bins, plans[0].bins) for plan in plans)
+    assert graphs_replayed(launched) == {"runner": "eager"}
+    assert graphs_replayed(replayed)["runner"] == ("cuda-graphs" if device.type == "cuda" else "eager")
 
 
 def test_a_step_that_cannot_be_compiled_says_why_and_runs_as_written():

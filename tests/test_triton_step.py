@@ -1,4 +1,4 @@
-"""The static search with its decoding step as one Triton kernel (cache="triton") makes the static search's plan:
+"""The static search with its decoding step as one Triton kernel (decoder="triton") makes the static search's plan:
 the same tokens in float64, the model's logits in float32. On a CPU the kernel runs under Triton's interpreter
 (TRITON_INTERPRET=1: slow, so the models are tiny); where gpu-check runs the exactness tests, compiled on the GPU.
 
@@ -17,7 +17,7 @@ import torch
 from tests.test_static_decoder import Recording  # a runner that keeps every step's logits
 from ttlib.bench.decoding import Preset, random_model
 from ttlib.planning import beam as planning
-from ttlib.planning import triton_step
+from ttlib.planning import decoders, triton_step
 from ttlib.planning.beam import PlannerConfig, beam_plan
 from ttlib.planning.fast_decoder import BufferPool
 from ttlib.planning.graphs import CUDAGraphs, Eager
@@ -66,10 +66,10 @@ def test_the_triton_step_makes_the_static_plan_in_float64(n_envs, past, settings
     values read off the same logits."""
     model, tok = small(torch.float64, seed=n_envs, device=device)
     prefix, keys = prefix_for(model, n_envs, past, n_envs), torch.arange(n_envs) * 7 + 1
-    static = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, cache="static"))
+    static = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, decoder="static"))
     pool = BufferPool()
     for _ in range(2 if device.type == "cuda" else 1):  # (the interpreter is slow)
-        fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, cache="triton"), pool)
+        fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, decoder="triton"), pool)
         assert torch.equal(fused.bins, static.bins)
         for name in ("score", "rewards", "values", "actions", "observations"):
             torch.testing.assert_close(getattr(fused, name), getattr(static, name), atol=1e-6, rtol=0)
@@ -85,7 +85,7 @@ def test_the_triton_step_gives_the_models_logits_in_float32(device):
     plan's own tokens, to float32 rounding (products in IEEE float32: no TF32 on the GPU)."""
     model, tok = small(torch.float32, device=device)
     prefix, keys = prefix_for(model, 2, 1).to(device), torch.tensor([5, 6], device=device)
-    config = PlannerConfig(beam_width=1, sample_expand=1, horizon=2, context=2, cache="triton")
+    config = PlannerConfig(beam_width=1, sample_expand=1, horizon=2, context=2, decoder="triton")
     runner = Recording(CUDAGraphs() if device.type == "cuda" else Eager())
     planner = runner.planner = TritonPlanner(model.eval(), tok, config, 2, runner)
     with torch.inference_mode():
@@ -93,7 +93,7 @@ def test_the_triton_step_gives_the_models_logits_in_float32(device):
             planner.plan(prefix, keys)  # records the graphs
             runner.logits.clear()
         plan = planner.plan(prefix, keys)
-    along = planning.logits_along(model, prefix, plan.bins, use_cache=False)  # (E, n, N), recomputed
+    along = planning.logits_along(model, prefix, plan.bins, "recompute")  # (E, n, N), recomputed
     steps = torch.stack(runner.logits, dim=1)  # (E, n, N): before the first token, then after every token fed
     assert steps.shape == along.shape == (2, generated_length(tok.act_dim, tok.obs_dim, 2), model.config.n_bins)
     torch.testing.assert_close(steps, along, atol=1e-4, rtol=1e-4)
@@ -106,8 +106,8 @@ def test_a_float32_plan_is_the_static_plan_on_these_seeds():
     model, tok = small(torch.float32, seed=3)
     prefix, keys = prefix_for(model, 2, 1, seed=3), torch.tensor([11, 12])
     settings = dict(beam_width=3, horizon=2, sample_expand=2, context=2, top_k_action=6)
-    static = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, cache="static"))
-    fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, cache="triton"))
+    static = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, decoder="static"))
+    fused = beam_plan(model, tok, prefix, keys, PlannerConfig(**settings, decoder="triton"))
     assert torch.equal(fused.bins, static.bins)
     torch.testing.assert_close(fused.score, static.score, atol=1e-5, rtol=1e-5)
 
@@ -132,26 +132,22 @@ def test_the_triton_planner_reads_what_the_static_one_writes():
 def test_the_triton_step_is_asked_for_never_chosen_on_a_cpu():
     """"auto" takes the Triton step only on CUDA, and only once AUTO_ON_CUDA says so; what it cannot do, it says."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert planning.static_planner_class(PlannerConfig(cache="triton"), cpu) is TritonPlanner
-    assert planning.static_planner_class(PlannerConfig(), cpu) is None  # (StaticPlanner)
-    assert planning.static_planner_class(PlannerConfig(cache="static"), cuda) is None
-    assert (planning.static_planner_class(PlannerConfig(), cuda) is TritonPlanner) == (
-        planning.AUTO_ON_CUDA == "triton")
-    assert planning.static_search(PlannerConfig(cache="triton"), cpu, kept=False)
-    assert not planning.static_search(PlannerConfig(), cpu) or planning.AUTO_ON_CPU == "static"
+    assert decoders.STATIC_SEARCHES["triton"] is TritonPlanner
+    assert decoders.resolve("auto", cpu, replays=True) != "triton"
+    assert (decoders.resolve("auto", cuda, replays=True) == "triton") == (decoders.AUTO_ON_CUDA == "triton")
     model, tok = small(torch.float64)
-    with pytest.raises(ValueError, match=r"cache='triton'\) scores with the value token and keeps no trace"):
-        beam_plan(model, tok, prefix_for(model, 1, 0), torch.tensor([0]), PlannerConfig(cache="triton", horizon=1),
+    with pytest.raises(ValueError, match=r"decoder='triton' runs the whole search with static shapes and keeps no"):
+        beam_plan(model, tok, prefix_for(model, 1, 0), torch.tensor([0]), PlannerConfig(decoder="triton", horizon=1),
                   trace=[])
 
 
 def test_shapes_the_kernel_cannot_tile_and_a_missing_triton_say_so(monkeypatch):
     model, tok = random_model(replace(SMALL, n_embd=24, n_head=2), dtype=torch.float64)
     with pytest.raises(ValueError, match="n_embd that is a power of two of at least 16, got 24"):
-        beam_plan(model, tok, prefix_for(model, 1, 0), torch.tensor([0]), PlannerConfig(cache="triton", horizon=1))
+        beam_plan(model, tok, prefix_for(model, 1, 0), torch.tensor([0]), PlannerConfig(decoder="triton", horizon=1))
     model, tok = random_model(replace(SMALL, n_embd=32, n_head=4), dtype=torch.float64)
     with pytest.raises(ValueError, match=r"head width \(n_embd / n_head\) that is a power of two of at least 16"):
-        beam_plan(model, tok, prefix_for(model, 1, 0), torch.tensor([0]), PlannerConfig(cache="triton", horizon=1))
+        beam_plan(model, tok, prefix_for(model, 1, 0), torch.tensor([0]), PlannerConfig(decoder="triton", horizon=1))
 
     def no_triton(name, *args):
         raise ModuleNotFoundError("No module named 'triton'")

@@ -8,7 +8,7 @@ and `save(figures)` keeps what it has measured so far, so that a part stopped at
                kernel by kernel, and the fused decoder), with the share of the device's matmul rate
     rollouts   25 HalfCheetah-v5 episodes of 1,000 steps planned together, with steps per second and the projected
                total saved as it goes
-    triton     the static search with its decoding step one Triton kernel (cache="triton"), replayed as CUDA graphs,
+    triton     the static search with its decoding step one Triton kernel (decoder="triton"), replayed as CUDA graphs,
                beside the graphs and the fused decoder at batch 1, 25 and 100, with the kernels of one plan
                (torch.profiler) and whether it makes the same plan (only when asked for: --parts ... triton)
     training   training tokens/s, on the device and on the CPU (only when asked for: --parts ... training)
@@ -108,14 +108,11 @@ def kernels_per_plan(preset, batch: int, device: str, decoders) -> tuple[dict, d
     """Each decoder's kernels in one plan (kept planners, after a plan that records their graphs), as
     torch.profiler sees them: kernels run on the GPU, kernel launches and graph launches by the host; and whether
     each decoder's plan is the first one's (the same tokens; float32, so a near-tie may part them)."""
-    from dataclasses import replace
-
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from ttlib.bench import decoding as bench
     from ttlib.planning.beam import beam_plan
-    from ttlib.planning.fast_decoder import BufferPool
 
     model, tokenizer = bench.random_model(preset, device)
     prefix = torch.randint(0, preset.n_bins, (batch, (preset.context - 1) * model.config.transition_dim
@@ -123,7 +120,7 @@ def kernels_per_plan(preset, batch: int, device: str, decoders) -> tuple[dict, d
     counts, plans = {}, {}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
     for name in decoders:
-        planner, pool = replace(bench.planner_for(preset), **bench.DECODERS[name]), BufferPool()
+        planner, pool = bench.timed_planner(preset, name)
         plans[name] = beam_plan(model, tokenizer, prefix.to(device), torch.arange(batch), planner, pool)
         with profile(activities=activities) as prof:
             beam_plan(model, tokenizer, prefix.to(device), torch.arange(batch), planner, pool)

@@ -82,7 +82,7 @@ ANSWERS = [
                                                               "keep = best_children(-score, E, W)"),
      "the lowest scores are kept"),
     ("05-beam-search", "delegates to ttlib's planner", '''@torch.inference_mode()
-def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):
+def beam_search(model, tokenizer, prefix, keys, config, decoder_class=decoders.CachedDecoder, trace=None):
     return planning.beam_plan(model, tokenizer, prefix, keys, config, trace=trace)
 ''', REFUSED),
     ("05-beam-search", "unsolved, with the checking helpers rebound to do nothing", '''import ttlib.course.checks
@@ -91,7 +91,7 @@ for name in ["check_close", "check_equal_arrays", "check_shape", "call", "check_
     setattr(ttlib.course.checks, name, lambda *args, **kwargs: None)
 
 
-def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):
+def beam_search(model, tokenizer, prefix, keys, config, decoder_class=decoders.CachedDecoder, trace=None):
     raise NotImplementedError()
 ''', "not implemented yet"),
     ("05-beam-search", "children expanded with .repeat (the batch tiled, not each row repeated)",

@@ -28,6 +28,7 @@ import time
 import types
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,12 +37,13 @@ from ttlib.bench.flops import ATTENTION_PRODUCTS, LINEAR_PRODUCTS, plan_flops, p
 from ttlib.errors import ConfigError
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
-from ttlib.planning.beam import AUTO_ON_CPU, PlannerConfig, beam_plan, logits_along, tokens_fed
+from ttlib.planning.beam import PlannerConfig, beam_plan, logits_along, tokens_fed
+from ttlib.planning.decoders import AUTO_ON_CPU
 from ttlib.planning.fast_decoder import BufferPool
 
-__all__ = ["DECODERS", "PRESETS", "Preset", "bench_decoding", "bench_planning", "cpu_model", "decoders_for",
+__all__ = ["DECODERS", "PRESETS", "Preset", "Timed", "bench_decoding", "bench_planning", "cpu_model", "decoders_for",
            "environment", "faster_tt_planner", "matmul_rate", "plan_flops", "planner_for", "preset_name", "preset_of",
-           "profile_planning", "random_model", "seconds", "spread", "timed"]
+           "profile_planning", "random_model", "seconds", "spread", "timed", "timed_planner"]
 
 
 @dataclass
@@ -183,15 +185,29 @@ def bench_decoding(preset: str | Preset = "halfcheetah", length: int | None = No
             "speedup": t_recompute / t_cached, **environment(device)}
 
 
-DECODERS = {  # the planners `ttlib bench planning` times side by side: name -> PlannerConfig fields
-    "fused": dict(cache="fused"),  # fast_decoder.FusedDecoder, token by token from Python
-    "static": dict(cache="static", cuda_graphs=False),  # static_decoder, launched kernel by kernel
-    "static graphs": dict(cache="static", cuda_graphs=True),  # the same, replayed as CUDA graphs (CUDA only)
-    "static graphs compiled": dict(cache="static", cuda_graphs=True, compile_step=True),  # its step fused by
-    # torch.compile first (gpu-check times it apart: its compile takes about a minute)
-    "triton": dict(cache="triton", cuda_graphs=False),  # its step one Triton kernel (triton_step; gpu-check's
-    "triton graphs": dict(cache="triton", cuda_graphs=True),  # triton part), launched, or replayed as graphs
+class Timed(NamedTuple):
+    """One planner `ttlib bench planning` times: a decoder, and how the static search's units are launched."""
+    decoder: str  # PlannerConfig.decoder
+    graphs: bool = False  # on CUDA, replayed as CUDA graphs (BufferPool(graphs=...)); else launched kernel by kernel
+    compile_step: bool = False  # PlannerConfig.compile_step
+
+
+DECODERS = {  # the planners `ttlib bench planning` times side by side, by name
+    "fused": Timed("fused"),  # fast_decoder.FusedDecoder, token by token from Python
+    "static": Timed("static"),  # static_decoder, launched kernel by kernel
+    "static graphs": Timed("static", graphs=True),  # the same, replayed as CUDA graphs (CUDA only)
+    "static graphs compiled": Timed("static", graphs=True, compile_step=True),  # its step fused by torch.compile
+    # first (gpu-check times it apart: its compile takes about a minute)
+    "triton": Timed("triton"),  # its step one Triton kernel (triton_step; gpu-check's triton part), launched,
+    "triton graphs": Timed("triton", graphs=True),  # or replayed as graphs
 }
+
+
+def timed_planner(preset: Preset, name: str) -> tuple[PlannerConfig, BufferPool]:
+    """The planner DECODERS[name] times, and its buffers, kept from plan to plan as a rollout keeps them."""
+    choice = DECODERS[name]
+    planner = replace(planner_for(preset), decoder=choice.decoder, compile_step=choice.compile_step)
+    return planner, BufferPool(graphs=choice.graphs)
 
 
 def decoders_for(device: str) -> tuple:
@@ -221,11 +237,10 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
     model, tokenizer = random_model(p, device, getattr(torch, dtype))
     td = model.config.transition_dim
     prefix = torch.randint(0, p.n_bins, (batch, (p.context - 1) * td + p.obs_dim), device=device)
-    keys, pools = torch.arange(batch), {name: BufferPool() for name in decoders}  # kept, as a rollout keeps them
+    keys, planners = torch.arange(batch), {name: timed_planner(p, name) for name in (*decoders, "fused")}
 
-    def run(name, **overrides):
-        planner = replace(planner_for(p), **DECODERS[name], **overrides)
-        return beam_plan(model, tokenizer, prefix, keys, planner, pools.get(name))
+    def run(name):
+        return beam_plan(model, tokenizer, prefix, keys, *planners[name])
 
     environment_before = environment(device)
     first_ms = {name: 1000 * seconds(lambda name=name: run(name)) for name in decoders}  # graphs: recorded here
@@ -242,20 +257,21 @@ def bench_planning(preset: str | Preset = "halfcheetah", batch: int = 1, repeats
         rates.append(matmul_rate(device))
     out = _planning_figures(model, planner_for(p), batch, times, rates, alone, products, first_ms)
     default = decoders[0]
-    t_uncached = timed(lambda: run("fused", use_cache=False), uncached_repeats, warmup=0) if uncached_repeats > 0 \
-        else float("nan")
+    recompute = replace(planner_for(p), decoder="recompute")
+    t_uncached = timed(lambda: beam_plan(model, tokenizer, prefix, keys, recompute), uncached_repeats, warmup=0) \
+        if uncached_repeats > 0 else float("nan")
     plan = run(default)  # the decoders on the same tokens (the default's plan): their largest logit difference
-    recomputed = logits_along(model, prefix[:4], plan.bins[:4], False)
+    recomputed = logits_along(model, prefix[:4], plan.bins[:4], "recompute")
     out.update({"benchmark": "planning", "preset": preset_name(preset), "batch": batch, "beam_width": p.beam_width,
                 "horizon": p.horizon, "context": p.context, "sample_expand": p.sample_expand,
                 "seq_len": model.config.block_size + 1, "dtype": dtype,
                 "tokens_fed_per_plan": tokens_fed(p.obs_dim, p.act_dim, p.horizon),
                 "ms_per_plan_uncached": 1000 * t_uncached, "speedup": t_uncached / (out["ms_per_plan_cached"] / 1000),
-                "max_logit_gap": float((logits_along(model, prefix[:4], plan.bins[:4], True) - recomputed).abs().max()),
+                "max_logit_gap": float((logits_along(model, prefix[:4], plan.bins[:4]) - recomputed).abs().max()),
                 "max_abs_logit": float(recomputed.abs().max())})
     for name in ("static graphs", "static graphs compiled"):  # what recording (and compiling) cost, what failed
-        if name in pools and pools[name].kept:
-            kept = next(iter(pools[name].kept.values()))
+        if name in planners and planners[name][1].kept:
+            kept = next(iter(planners[name][1].kept.values()))
             out["graphs" if name == "static graphs" else "compiled"] = kept.runner.stats()
     if faster_tt:
         theirs = faster_tt_planner(faster_tt, p, batch, device)

@@ -14,6 +14,7 @@ from ttlib.exercises import Exercise, Mistake
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning import beam as planning
+from ttlib.planning import decoders
 
 __all__ = ["EXERCISES", "SWEEP", "children_trial", "run_children", "run_sample", "run_score", "run_search",
            "sample_trial", "sampling", "score_trial", "scoring", "search_trial", "searching", "selecting",
@@ -194,7 +195,7 @@ def search_trial(rng):
                                     value_weight=float(rng.choice([1.0, rng.uniform(0, 2)])))
     E = int(rng.integers(1, 4))
     prefix = torch.as_tensor(rng.integers(0, K, size=(E, (context - 1) * (O + A + 2) + O)))
-    decoder = planning.RecomputeDecoder if rng.random() < 0.25 else planning.CachedDecoder
+    decoder = decoders.RecomputeDecoder if rng.random() < 0.25 else decoders.CachedDecoder
     return model, tokenizer, prefix, torch.as_tensor(rng.integers(0, 2**40, size=E)), config, decoder
 
 
@@ -230,10 +231,10 @@ def _search_with(select_cache=True, gather_generated=True, action_counter=lambda
                  greedy_observation=True, value_weight=True, lowest=False, tile=False, expand_logits=True):
     """The notebook's loop with one thing done wrong (ttlib's sampler, score and selection, as lent)."""
 
-    def beam_search(model, tokenizer, prefix, keys, config, decoder_class=planning.CachedDecoder, trace=None):
+    def beam_search(model, tokenizer, prefix, keys, config, decoder_class=decoders.CachedDecoder, trace=None):
         O, A = tokenizer.obs_dim, tokenizer.act_dim
         E, H, W, X = prefix.shape[0], config.horizon, config.beam_width, config.sample_expand
-        decoder = decoder_class(model, prefix, W, planning.tokens_fed(O, A, H) + (X - 1) * (A + 1))
+        decoder = decoder_class(model, prefix, W)
         logits = decoder.logits  # (E*W, K)
         generated, rewards, values = prefix.new_zeros(E * W, 0), logits.new_zeros(E * W, H), logits.new_zeros(E * W, H)
         row_keys = keys.repeat_interleave(W * X)[:, None]  # (E*W*X, 1)

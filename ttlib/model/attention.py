@@ -13,7 +13,7 @@ preallocated buffers and only computes them for the new token. That makes each d
 instead of O(length^2), and it is exactly the same computation as running the whole sequence again.
 
 Beam search reorders rows: `KVCache.reorder(indices)` keeps, drops or duplicates them when beams are expanded
-or selected (`planning.CachedDecoder` decodes this way). The planner's fast decoder (`fast_decoder.FusedDecoder`)
+or selected (`decoders.CachedDecoder` decodes this way). The planner's fast decoder (`fast_decoder.FusedDecoder`)
 goes further and stores an environment's context once for all of its beams.
 """
 

@@ -17,19 +17,22 @@ ones it believes pay off best:
 
 The first action of the best plan is executed and the whole search runs again at the next step.
 
-Three decoders give the next token's logits, behind one interface (logits, feed, expand, select, release):
-`CachedDecoder` (the model's own KV cache, `model(x, cache=...)` and `KVCache.reorder`: the one to read),
-`fast_decoder.FusedDecoder` (the same numbers with far fewer operations: the CPU's default) and `RecomputeDecoder`
-(runs the whole sequence again for every token, the naive baseline). A fourth way runs the whole search, not only
-the model, with static shapes: `static_decoder`, which a GPU replays as CUDA graphs (its default in a rollout). All
-consume the same random numbers (`search.py`), so the same seed gives the same plan with any of them (exactly in
-float64; in float32 rounding may break a near-tie). Random numbers come from a counter-based hash of (environment
-key, token counter, beam row): an environment's plan does not depend on which other environments share the batch.
+Where the next token's logits come from is one choice, `PlannerConfig.decoder` (`decoders.py` maps each name to
+its class): a token decoder this search asks one token at a time -- "readable" (`decoders.CachedDecoder`, the
+model's own KV cache: the one to read), "fused" (`fast_decoder.FusedDecoder`, the same numbers with far fewer
+operations: the CPU's default) or "recompute" (the whole sequence again for every token, the naive baseline) --
+or "static", the whole search, not only the model, with static shapes (`static_decoder`), which a GPU replays as
+CUDA graphs (its default in a rollout), and "triton", the same with its step one Triton kernel. All consume the
+same random numbers (`search.py`), so the same seed gives the same plan with any of them (exactly in float64; in
+float32 rounding may break a near-tie). Random numbers come from a counter-based hash of (environment key, token
+counter, beam row): an environment's plan does not depend on which other environments share the batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from numbers import Integral, Real
+from typing import Literal, get_args
 
 import torch
 
@@ -37,26 +40,39 @@ from ttlib.agents.critic import Critic
 from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.gpt import TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
-from ttlib.planning.fast_decoder import BufferPool, FusedDecoder
+from ttlib.planning.decoders import DECODERS, STATIC_SEARCHES, DecoderName, open_decoder, resolve
+from ttlib.planning.fast_decoder import BufferPool
 from ttlib.planning.search import Plan, best_children, counter_uniform, decode_plan, plan_score, sample_bins
 from ttlib.planning.static_decoder import static_plan
-from ttlib.planning.triton_step import TritonPlanner
 
-__all__ = ["AUTO_ON_CPU", "AUTO_ON_CUDA", "Beams", "CACHES", "CachedDecoder", "Plan", "PlannerConfig",
-           "RecomputeDecoder", "VALUES", "beam_plan", "best_children", "check_critic", "check_fits", "counter_uniform",
-           "course_planner", "critic_planner", "current_states", "decode_plan", "decoded", "decoder_for",
-           "imitation_planner", "logits_along", "plan_score", "sample_bins", "score_actions", "search_beams",
-           "static_planner_class", "static_search", "token_name", "tokens_fed"]
+__all__ = ["Beams", "Plan", "PlannerConfig", "PlannerConfigError", "RULES", "VALUES", "Value", "beam_plan",
+           "best_children", "check_critic", "check_fits", "counter_uniform", "course_planner", "critic_planner",
+           "current_states", "decode_plan", "decoded", "imitation_planner", "logits_along", "plan_score",
+           "sample_bins", "score_actions", "search_beams", "token_name", "tokens_fed"]
 
 
-CACHES = ("auto", "fused", "readable", "static", "triton")  # PlannerConfig.cache (see static_search for "auto")
-AUTO_ON_CPU = "fused"  # measured: `ttlib bench planning` times both side by side (docs/RESULTS.md, "Speed")
-AUTO_ON_CUDA = "static"  # "static" or "triton" (its step one Triton kernel): tools/gpu-check's triton part times
-# both; "triton" once it measures faster there
-VALUES = ("token", "critic", "likelihood")  # what can score a plan (PlannerConfig.value)
+Value = Literal["token", "critic", "likelihood"]  # what can score a plan (PlannerConfig.value)
+VALUES: tuple[str, ...] = get_args(Value)
 
 
-@dataclass
+class PlannerConfigError(ConfigError):
+    """A planner setting that cannot plan: raised when the PlannerConfig is made, so that none exists."""
+
+
+RULES = {  # PlannerConfig's numbers: field -> (its type, what must hold, said in words)
+    "beam_width": (Integral, lambda n: n >= 1, ">= 1"),
+    "horizon": (Integral, lambda n: n >= 1, ">= 1"),
+    "sample_expand": (Integral, lambda n: n >= 1, ">= 1"),
+    "context": (Integral, lambda n: n >= 1, ">= 1"),
+    "top_k_action": (Integral, lambda n: n >= 1, ">= 1 or None"),
+    "top_p_action": (Real, lambda p: 0 < p <= 1, "in (0, 1] or None"),
+    "temperature": (Real, lambda t: t > 0, "> 0"),
+    "gamma": (Real, lambda g: 0 < g <= 1, "in (0, 1]"),
+    "value_weight": (Real, lambda w: w >= 0, ">= 0"),
+}
+
+
+@dataclass(frozen=True)
 class PlannerConfig:
     beam_width: int = 32  # candidate plans kept per environment after each step
     horizon: int = 5  # transitions imagined ahead
@@ -67,35 +83,36 @@ class PlannerConfig:
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
     value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
-    value: str = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
-    #                       "likelihood" (the log-probability of its actions: imitation, for a model of good data)
-    use_cache: bool = True  # KV cache (True) or recompute the whole sequence for every token (False)
-    cache: str = "auto"  # with use_cache: "fused" (fast_decoder.FusedDecoder), "readable" (CachedDecoder), "static"
-    # (static_decoder: the whole search with static shapes), "triton" (the same, each decoding step one Triton
-    # kernel: triton_step; CUDA) or "auto": AUTO_ON_CUDA on a GPU planning again and again (buffers kept: the
-    # graphs are replayed), else fused (static_search)
-    cuda_graphs: bool = True  # static on a GPU, planning again and again (buffers kept): replay CUDA graphs
+    value: Value = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
+    #                         "likelihood" (the log-probability of its actions: imitation, for a model of good data)
+    decoder: DecoderName = "auto"  # where the logits come from (decoders.py): "fused", "readable", "recompute",
+    #                                "static", "triton" or "auto" (the fastest measured on the plan's device)
     compile_step: bool = False  # static: fuse the decoding step's small kernels with torch.compile first
     # (Triton on a GPU; a one-time compile of about a minute, measured by gpu-check before it is a default)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
-        for name in ("beam_width", "horizon", "sample_expand", "context"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.top_k_action is not None and self.top_k_action < 1:
-            raise ConfigError(f"top_k_action must be >= 1 or None, got {self.top_k_action}")
-        if self.top_p_action is not None and not 0 < self.top_p_action <= 1:
-            raise ConfigError(f"top_p_action must be in (0, 1] or None, got {self.top_p_action}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
-        if self.value_weight < 0:
-            raise ConfigError(f"value_weight must be >= 0, got {self.value_weight}")
-        if self.value not in VALUES:
-            raise ConfigError(f"value must be one of {', '.join(map(repr, VALUES))}, got {self.value!r}")
-        if self.cache not in CACHES:
-            raise ConfigError(f"cache must be one of {', '.join(map(repr, CACHES))}, got {self.cache!r}")
-        if not 0 < self.gamma <= 1:
-            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma}")
+        """Raise PlannerConfigError for a setting that cannot plan (done when the config is made)."""
+        for name, (kind, holds, says) in RULES.items():
+            value = getattr(self, name)
+            if value is None and name in ("top_k_action", "top_p_action"):  # (None: every bin)
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise PlannerConfigError(f"{name} must be a {'whole ' * (kind is Integral)}number, got {value!r}")
+            if not holds(value):
+                raise PlannerConfigError(f"{name} must be {says}, got {value!r}")
+        for name, valid in (("value", VALUES), ("decoder", DECODERS)):
+            if getattr(self, name) not in valid:
+                raise PlannerConfigError(f"{name} must be one of {', '.join(map(repr, valid))}, got "
+                                         f"{getattr(self, name)!r}")
+        if self.decoder in STATIC_SEARCHES and self.value != "token":
+            raise PlannerConfigError(f"decoder={self.decoder!r} is the static search, which scores with the value "
+                                     f"token: plan with decoder='fused' for value={self.value!r}")
+        if self.compile_step and self.decoder not in ("static", "auto"):
+            raise PlannerConfigError(f"compile_step compiles the static search's step: decoder={self.decoder!r} "
+                                     "has none (plan with decoder='static')")
 
 
 def check_critic(config: PlannerConfig, critic) -> None:
@@ -133,125 +150,41 @@ def imitation_planner(**overrides) -> PlannerConfig:
     return course_planner(**{"value": "likelihood", "horizon": 1, **overrides})
 
 
-# ---- decoders: where the next token's logits come from ------------------------------------------------------
-class CachedDecoder:
-    """One token at a time for every row, on the model's own KV cache: the decoder notebook 05 reads.
-
-    Every row holds its own copy of its keys and values; expanding and selecting beams are `KVCache.reorder`.
-    `fast_decoder.FusedDecoder` computes the same logits with far fewer operations (and no copies of the shared
-    context), and is what `beam_plan` uses by default.
-    """
-
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int,
-                 buffers=None):
-        E, P = prefix.shape
-        self.model = model
-        self.cache = model.new_cache(E)  # room for the model's whole window
-        logits, _ = model(prefix, cache=self.cache, last_only=True)  # (E, 1, N): the context, computed once
-        self.cache.reorder(torch.arange(E, device=prefix.device).repeat_interleave(beams_per_env))  # W copies
-        self.logits = logits[:, 0].repeat_interleave(beams_per_env, dim=0)  # (E*W, N)
-
-    def feed(self, bins: torch.Tensor) -> torch.Tensor:
-        """bins (B,) of the next token of every row -> logits (B, N) of the token after it."""
-        return self.model(bins[:, None], cache=self.cache, last_only=True)[0][:, 0]
-
-    def expand(self, children: int) -> None:
-        rows = torch.arange(self.cache.batch, device=self.cache.k.device)
-        self.cache.reorder(rows.repeat_interleave(children))  # (B*children,) each row `children` times
-
-    def select(self, keep: torch.Tensor) -> None:
-        self.cache.reorder(keep)
-
-    def release(self) -> None:
-        self.cache = None
-
-
-class RecomputeDecoder:
-    """The naive baseline: every new token runs the model over the whole sequence again."""
-
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int,
-                 buffers=None):
-        self.model = model
-        self.sequence = prefix.repeat_interleave(beams_per_env, dim=0)  # (E*W, P)
-        self.logits = model(self.sequence, last_only=True)[0][:, 0]
-
-    def feed(self, bins: torch.Tensor) -> torch.Tensor:
-        self.sequence = torch.cat([self.sequence, bins[:, None]], dim=1)
-        return self.model(self.sequence, last_only=True)[0][:, 0]
-
-    def expand(self, children: int) -> None:
-        self.sequence = self.sequence.repeat_interleave(children, dim=0)
-
-    def select(self, keep: torch.Tensor) -> None:
-        self.sequence = self.sequence[keep]
-
-    def release(self) -> None:
-        self.sequence = None
-
-
-def decoder_for(use_cache: bool, cache: str = "fused"):
-    """The decoder class a planner setting asks for (see PlannerConfig.use_cache and .cache). The static search
-    has no decoder of its own to call token by token: there, the fused decoder computes the same logits."""
-    if not use_cache:
-        return RecomputeDecoder
-    return CachedDecoder if cache == "readable" else FusedDecoder
-
-
-def static_search(config: PlannerConfig, device: torch.device, trace=None, critic=None, kept: bool = True) -> bool:
-    """Whether beam_plan runs `static_decoder`'s search: asked for, or "auto" on CUDA with buffers kept from plan to
-    plan (kept: the graphs recorded once are replayed; a single plan would only pay for recording them), or on a
-    CPU if AUTO_ON_CPU says so. It scores with the value token and keeps no trace; asked for with a critic, the
-    likelihood or a trace, it says so ("auto" then takes the fused decoder)."""
-    other = critic is not None or trace is not None or config.value == "likelihood"
-    if config.cache in ("static", "triton") and config.use_cache and other:
-        raise ConfigError(f"the static search (cache={config.cache!r}) scores with the value token and keeps no "
-                          "trace: plan with cache='fused' for a critic, the likelihood or a search tree")
-    on_cuda = kept and config.cuda_graphs
-    auto = config.cache == "auto" and (on_cuda if device.type == "cuda" else AUTO_ON_CPU == "static")
-    return config.use_cache and (config.cache in ("static", "triton") or auto) and not other
-
-
-def static_planner_class(config: PlannerConfig, device: torch.device):
-    """The static search's planner: TritonPlanner (its step one Triton kernel) where asked for, or by "auto" on
-    CUDA if AUTO_ON_CUDA says so; else StaticPlanner (None)."""
-    auto = config.cache == "auto" and device.type == "cuda" and AUTO_ON_CUDA == "triton"
-    return TritonPlanner if config.cache == "triton" or auto else None
-
-
-def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor, use_cache: bool = True,
-                 cache: str = "fused") -> torch.Tensor:
-    """What one decoder computes along given tokens: prefix (E, P), bins (E, n) fed after it -> (E, n, N), the
-    logits it gave for each of the n tokens. Fed a plan's own tokens, the cached and the recomputing decoder must
-    agree to rounding: "the cache changes nothing" without a search's near-ties in the way. The logits are on the
-    model's device (a plan's bins come back on the CPU: they are moved there)."""
+def logits_along(model: TrajectoryGPT, prefix: torch.Tensor, bins: torch.Tensor,
+                 decoder: DecoderName = "fused") -> torch.Tensor:
+    """What one token decoder ("fused", "readable" or "recompute") computes along given tokens: prefix (E, P), bins
+    (E, n) fed after it -> (E, n, N), the logits it gave for each of the n tokens. Fed a plan's own tokens, the
+    cached and the recomputing decoder must agree to rounding: "the cache changes nothing" without a search's
+    near-ties in the way. The logits are on the model's device (a plan's bins come back on the CPU: they are
+    moved there)."""
     device = model.pos_emb.device
     prefix, bins = prefix.to(device), bins.to(device)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            decoder = decoder_for(use_cache, cache)(model, prefix, 1, bins.shape[1])
-            logits = [decoder.logits]  # (E, N) for the first token
-            logits += [decoder.feed(bins[:, j]) for j in range(bins.shape[1] - 1)]
-            decoder.release()
+            along = open_decoder(decoder, model, prefix, 1, bins.shape[1])
+            logits = [along.logits]  # (E, N) for the first token
+            logits += [along.feed(bins[:, j]) for j in range(bins.shape[1] - 1)]
+            along.release()
         return torch.stack(logits, dim=1)
     finally:
         model.train(was_training)
 
 
 def score_actions(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, actions,
-                  gamma: float = 0.99, use_cache: bool = True) -> torch.Tensor:
+                  gamma: float = 0.99, decoder: DecoderName = "fused") -> torch.Tensor:
     """What the search thinks of given actions: prefix (E, P) contexts, actions (E, act_dim) real actions ->
     (E,) E[r] + gamma E[V], the score of a one-step plan that takes them (the reward read as `beam_plan` reads it,
-    its likeliest bin fed before the value)."""
+    its likeliest bin fed before the value), along the token decoder `decoder`."""
     O, A = tokenizer.obs_dim, tokenizer.act_dim
     device = model.pos_emb.device
     actions = torch.as_tensor(actions).cpu().numpy()
     bins = torch.as_tensor(tokenizer.encode(actions, slice(O, O + A), on_clip="ignore"), device=device)  # (E, A)
     prefix, padding = prefix.to(device), bins.new_zeros(len(bins), 1)
-    reward_logits = logits_along(model, prefix, torch.cat([bins, padding], 1), use_cache)[:, A]  # (E, N)
+    reward_logits = logits_along(model, prefix, torch.cat([bins, padding], 1), decoder)[:, A]  # (E, N)
     fed = torch.cat([bins, reward_logits.argmax(-1, keepdim=True), padding], 1)
-    value_logits = logits_along(model, prefix, fed, use_cache)[:, A + 1]  # (E, N)
+    value_logits = logits_along(model, prefix, fed, decoder)[:, A + 1]  # (E, N)
     reward = tokenizer.expectation(torch.softmax(reward_logits, -1), tokenizer.reward_dim)
     value = tokenizer.expectation(torch.softmax(value_logits, -1), tokenizer.value_dim)
     return (reward + gamma * value).cpu()
@@ -293,11 +226,14 @@ def beam_plan(model: TrajectoryGPT, tokenizer: TrajectoryTokenizer, prefix: torc
     (score (E*W*X,) of its children, keep (E*W,) the rows it kept), on the CPU: the search tree, for
     `viz.plot_beam_tree`. critic: the Q critic that `config.value == "critic"` scores with (on the model's
     device); ignored with `value="token"`. observation (E, obs_dim): the current observations as the environments
-    gave them, which the critic scores the first action in (None: the prefix's last observation, decoded). On a GPU
-    with buffers kept the search runs with static shapes
-    (`static_decoder`), replayed as CUDA graphs; otherwise, with a critic or a trace, on the fused decoder.
+    gave them, which the critic scores the first action in (None: the prefix's last observation, decoded).
+    config.decoder says where the logits come from; "auto" takes the static search (`static_decoder`), replayed as
+    CUDA graphs, on a GPU with buffers kept, and the fused decoder otherwise and for a critic or a trace.
     """
     check_critic(config, critic)
+    if trace is not None and config.decoder in STATIC_SEARCHES:
+        raise PlannerConfigError(f"decoder={config.decoder!r} runs the whole search with static shapes and keeps no "
+                                 "search tree: plan with decoder='fused' to trace it")
     was_training = model.training
     model.eval()
     try:
@@ -362,17 +298,18 @@ def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, ac
 @torch.inference_mode()
 def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, critic=None, observation=None) -> Plan:
     """The search itself, without autograd (see beam_plan, which calls it with the model in evaluation mode)."""
-    config.validate()
     _check_prefix(model, tokenizer, prefix, config.horizon)
     O, A = model.config.obs_dim, model.config.act_dim
     E, H, W, X = prefix.shape[0], config.horizon, config.beam_width, config.sample_expand
     device = model.pos_emb.device
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
-    if static_search(config, device, trace, critic, kept=buffers is not None):
-        return static_plan(model, tokenizer, prefix, keys, config, buffers, static_planner_class(config, device))
+    name = resolve(config.decoder, device, replays=buffers is not None and buffers.graphs,
+                   tokens_needed=trace is not None or config.value != "token")
+    if name in STATIC_SEARCHES:
+        return static_plan(model, tokenizer, prefix, keys, config, buffers, STATIC_SEARCHES[name])
 
-    decoder = decoder_for(config.use_cache, config.cache)(
-        model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1), buffers)  # children's own: X slots each
+    decoder = open_decoder(name, model, prefix, W, tokens_fed(O, A, H) + (X - 1) * (A + 1),
+                           buffers)  # past slots per beam: the last step's X children side by side
     logits = decoder.logits  # (E*W, N): W identical beams per environment to start with
     zeros = logits.new_zeros(E * W, H)
     states = current_states(tokenizer, prefix, observation, critic is not None)  # (E, O), or (E, 0) without a critic

@@ -1,6 +1,6 @@
 """The planner's fast decoder: the model's forward pass for one new token per row, fused for beam search.
 
-`planning.CachedDecoder` decodes on the model's own KV cache and reads like the model. This module computes the
+`decoders.CachedDecoder` decodes on the model's own KV cache and reads like the model. This module computes the
 same numbers with far fewer PyTorch operations, which is what makes `ttlib bench planning` fast: at beam-search
 sizes (32-64 rows) launching an operation costs about as much as its arithmetic, so the operation count is the
 cost. A test checks that both decoders make the same plan (float64) and give the same logits along the same
@@ -52,11 +52,13 @@ class BufferPool:
     same shapes, and a fresh buffer of many MB costs page faults as it is first written (the operating system
     hands out memory a page at a time). Whoever plans repeatedly owns one and passes it to `beam_plan`."""
 
-    def __init__(self, max_bytes: int = 256 * 2**20, max_kept: int = 2):
+    def __init__(self, max_bytes: int = 256 * 2**20, max_kept: int = 2, graphs: bool = True):
         self.free = []  # buffers not in use, the most recently returned first
         self.max_bytes = max_bytes  # the most memory kept
         self.kept = {}  # key -> a static_decoder.StaticPlanner not in use, the most recently returned last
         self.max_kept = max_kept  # the most static planners kept (each holds its cache, and its CUDA graphs)
+        self.graphs = graphs  # on CUDA, a kept static planner replays its units as CUDA graphs (False: launched
+        #                       kernel by kernel, what `ttlib bench planning` times the graphs against)
         self.lock = threading.Lock()  # a pool may serve planners in several threads
 
     def take(self, shape: tuple, like: torch.Tensor) -> torch.Tensor:
@@ -126,16 +128,18 @@ class LayerWeights(NamedTuple):
 class FusedDecoder:
     """One token at a time for every row, on the two-level cache described in the module docstring.
 
-    The beam-search interface every decoder has: `logits` (rows, N) for the first token after the prefix, then
-    `feed(bins)` -> the next logits, `expand(children)`, `select(keep)`, and `release()` at the end.
+    The interface every token decoder has (`decoders.Decoder`): `logits` (rows, N) for the first token after the
+    prefix, then `feed(bins)` -> the next logits, `expand(children)`, `select(keep)`, and `release()` at the end.
     """
 
-    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int,
+    def __init__(self, model: TrajectoryGPT, prefix: torch.Tensor, beams_per_env: int, capacity: int | None = None,
                  buffers: BufferPool | None = None):
-        """prefix (E, P) bins. capacity: past slots per beam to allocate up front (a step of X children takes X);
-        the buffers grow if it is short. buffers: where to take cache buffers from and give them back to."""
+        """prefix (E, P) bins. capacity: past slots per beam to allocate up front (a step of X children takes X;
+        None: the model's window after the prefix); the buffers grow if it is short. buffers: where to take cache
+        buffers from and give them back to (None: a pool of its own)."""
         c = model.config
         E, P = prefix.shape
+        capacity = capacity or max(1, c.block_size - P)
         H, D = c.n_head, c.n_embd // c.n_head
         self.transition_dim, self.n_bins, self.n_heads, self.head_dim = c.transition_dim, c.n_bins, H, D
         self.n_envs, self.position = E, P  # the next token's absolute position

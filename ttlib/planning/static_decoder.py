@@ -56,7 +56,7 @@ def static_plan(model, tokenizer, prefix: torch.Tensor, keys: torch.Tensor, conf
     graphs -- is kept there for the next plan of the same shape, and made again if the model's weights change.
     planner_class: StaticPlanner (None) or a subclass (triton_step.TritonPlanner: its step one Triton kernel)."""
     planner_class = planner_class or StaticPlanner
-    graphs = config.cuda_graphs and prefix.device.type == "cuda" and buffers is not None
+    graphs = buffers is not None and buffers.graphs and prefix.device.type == "cuda"
     weights = tuple((p.data_ptr(), p._version) for p in model.parameters())  # changed in place: a new version
     context = max(config.context, prefix.shape[1] // model.config.transition_dim + 1)  # (a longer prefix: room)
     key = (planner_class.__name__, id(model), id(tokenizer), weights, prefix.shape[0], context, astuple(config),

@@ -1,4 +1,4 @@
-"""The static search with its decoding step as one Triton kernel (`PlannerConfig(cache="triton")`).
+"""The static search with its decoding step as one Triton kernel (`PlannerConfig(decoder="triton")`).
 
 `static_decoder.StaticPlanner` runs a token as about a hundred PyTorch kernels: every layer's LayerNorm, products,
 attention, GELU, then the head, softmax and sampling. On a GPU the launches, not the arithmetic, are the cost.
@@ -36,17 +36,17 @@ def kernels(device: torch.device):
     try:
         module = importlib.import_module("ttlib.planning.triton_kernels")
     except ImportError as error:
-        raise UnavailableError("the Triton decoding step (cache='triton') needs Triton, which comes with PyTorch's "
+        raise UnavailableError("the Triton decoding step (decoder='triton') needs Triton, which comes with PyTorch's "
                                f"CUDA wheels on Linux (pip install triton); it is not installed here ({error}). Plan "
-                               "with cache='static' or 'fused'") from error
+                               "with decoder='static' or 'fused'") from error
     interpreted = type(module.decode_step).__name__ == "InterpretedFunction"
     if device.type == "cpu" and not interpreted:
-        raise UnavailableError("the Triton decoding step (cache='triton') runs on a CUDA device; on a CPU only under "
+        raise UnavailableError("the Triton decoding step (decoder='triton') runs on a CUDA device; on a CPU only under "
                                "Triton's interpreter (TRITON_INTERPRET=1, set before Triton is first imported: slow, "
-                               "for tests). Plan with cache='static' or 'fused' on a CPU")
+                               "for tests). Plan with decoder='static' or 'fused' on a CPU")
     if device.type == "cuda" and interpreted:
         raise UnavailableError("Triton was imported with TRITON_INTERPRET=1, which runs kernels on the CPU: unset it "
-                               "to plan with cache='triton' on a GPU")
+                               "to plan with decoder='triton' on a GPU")
     return module
 
 
@@ -65,7 +65,7 @@ def check_shapes(C: int, D: int, N: int) -> None:
     for name, value in (("n_embd", C), ("head width (n_embd / n_head)", D)):
         if value < 16 or value & (value - 1):
             raise ConfigError(f"the Triton decoding step needs a {name} that is a power of two of at least 16, got "
-                              f"{value}: plan with cache='static'")
+                              f"{value}: plan with decoder='static'")
     if N < 1:
         raise ConfigError(f"n_bins must be >= 1, got {N}")
 
