@@ -143,3 +143,26 @@ def test_the_critic_planner_scores_the_observation_the_environment_gave(lander_m
         assert torch.equal(rows, torch.as_tensor(observation, dtype=rows.dtype).expand_as(rows))
         assert not torch.equal(rows[0], torch.as_tensor(tok.decode(tok.encode(observation[None], slice(0, 8)),
                                                                    slice(0, 8))[0], dtype=rows.dtype))
+
+
+def test_every_agent_of_the_registry_follows_the_protocol_and_plays_in_the_one_loop():
+    """The shipped checkpoints load by name (and are named by their kind); each agent has the protocol's members
+    and plays its episodes in rollout.play, the steps counted as the loop counts them."""
+    from ttlib.agents import baselines, registry
+    from ttlib.agents.protocol import Agent
+    from ttlib.training.checkpoints import default_checkpoint
+
+    policy = default_checkpoint(baselines.COURSE_BASELINE)
+    assert [registry.name_of(default_checkpoint(name)) for name in ("tt_lunarlander.safetensors",
+            "dt_lunarlander.safetensors", baselines.COURSE_BASELINE)] == ["tt", "dt", "bc"]
+    for loaded in (registry.load("tt", device="cpu", beam_width=2), registry.load("dt", device="cpu"),
+                   registry.load("bc", checkpoint=policy)):
+        assert isinstance(loaded.agent, Agent), loaded.title
+        info = loaded.dataset
+        result = rollout.play(loaded.agent, info["env_id"], [0, 1], info["env_kwargs"], max_steps=3, progress=False)
+        assert result.steps == 6 and result.seeds == [0, 1] and loaded.training_seconds > 0
+    assert not isinstance(object(), Agent)
+    with pytest.raises(ValueError, match="no agent named 'ppo'; the agents are tt, dt, bc, iql"):
+        registry.load("ppo")
+    with pytest.raises(ValueError, match="holds a bc policy, not iql"):
+        registry.load("iql", checkpoint=policy)

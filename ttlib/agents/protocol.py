@@ -9,22 +9,23 @@ from observation to action) makes `start`, `observe` and `keep_rows` do nothing.
 Before a step is taken the loop checks the environment against the agent (`rollout.check_spaces`): continuous
 (Box) actions, the agent's observation and action sizes, and -- for an agent that knows them -- its action bounds.
 
-A class implements the protocol by having these members; it does not inherit from anything. The Trajectory
-Transformer's planner (`rollout.PlannerAgent`), the Decision Transformer (`dt.DTAgent`) and the baselines'
-policy (`baselines.MLPPolicy`) do. `Loaded` is what the registry (`ttlib.agents.registry`) gives back: an agent
+A class implements the protocol by having these members; it does not inherit from anything (`isinstance(x, Agent)`
+checks that the members are there). The Trajectory Transformer's planner (`rollout.PlannerAgent`), the Decision
+Transformer (`dt.DTAgent`) and the baselines' policy (`baselines.MLPPolicy`) do. `Loaded` is what the registry (`ttlib.agents.registry`) gives back: an agent
 ready to play, with what a report says about it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 __all__ = ["Agent", "Loaded"]
 
 
+@runtime_checkable
 class Agent(Protocol):
     name: str  # how messages name it: "the Trajectory Transformer", "this Decision Transformer", "this policy"
     obs_dim: int  # observation entries it reads
