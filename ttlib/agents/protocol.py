@@ -11,8 +11,8 @@ Before a step is taken the loop checks the environment against the agent (`rollo
 
 A class implements the protocol by having these members; it does not inherit from anything (`isinstance(x, Agent)`
 checks that the members are there). The Trajectory Transformer's planner (`rollout.PlannerAgent`), the Decision
-Transformer (`dt.DTAgent`) and the baselines' policy (`baselines.MLPPolicy`) do. `Loaded` is what the registry (`ttlib.agents.registry`) gives back: an agent
-ready to play, with what a report says about it.
+Transformer (`dt.DTAgent`) and the baselines' policy (`baselines.MLPPolicy`) do. `Loaded` is what the registry
+(`ttlib.agents.registry`) gives back: an agent ready to play, with what a report says about it.
 """
 
 from __future__ import annotations
