@@ -34,6 +34,9 @@ second). Each failure names every offender with its size, so one run says what r
 9. A library function leaves the process's torch thread count as it finds it. Only what a process starts with sets
    it (torch.set_num_threads, or ttlib.course.threads.fit): the `ttlib` command and the worker processes ttlib
    starts itself (THREAD_SETTERS); notebooks call fit in their first cell.
+10. One decoder field. How the planner decodes is chosen by one field, PlannerConfig.decoder (a DecoderName): no
+   config dataclass of ttlib has another field that says it (`use_cache`, `cache`, `cuda_graphs`, `graphs`), and no
+   other config takes a DecoderName. (tests/test_planning.py checks what the field does.)
 """
 
 from __future__ import annotations
@@ -513,6 +516,27 @@ def test_one_episode_loop_steps_the_environments():
     stale = sorted(set(OTHER_STEPPERS) - {n for n, (_, tree) in SOURCE.trees.items() if environment_steps(tree)})
     stale += sorted(set(BATCH_STEPPERS) - {n for n, (_, tree) in SOURCE.trees.items() if batch_steps(tree)})
     assert not stale, f"these no longer step environments: take them off OTHER_STEPPERS: {stale}"
+
+
+DECODER_FIELDS = {"use_cache", "cache", "cuda_graphs", "graphs", "decoder"}  # names that would say how to decode
+
+
+def config_fields(tree: ast.Module) -> dict[str, dict[str, str]]:
+    """A module's dataclasses: class name -> {field: its annotation, as written}."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+            out[node.name] = {f.target.id: ast.unparse(f.annotation) for f in node.body
+                              if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)}
+    return out
+
+
+def test_one_field_chooses_how_the_planner_decodes():
+    found = {f"{name}.{cls}.{field}": hint for name, (_, tree) in SOURCE.trees.items()
+             for cls, fields in config_fields(tree).items() for field, hint in fields.items()
+             if field in DECODER_FIELDS or "DecoderName" in hint}
+    assert found == {"ttlib.planning.beam.PlannerConfig.decoder": "DecoderName"}, (
+        f"one field chooses the decoder, PlannerConfig.decoder; found {found}")
 
 
 # ---- the checks themselves find what they should ------------------------------------------------------------------
