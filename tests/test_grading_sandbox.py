@@ -220,10 +220,11 @@ def run(*args, env, timeout=900):
     peak, settled, names = {}, {}, {}  # pid -> the largest RSS seen; its RSS once set up; its command line
 
     def set_up(pid: int) -> bool:
-        """The command's own process: it has started its pool. A pool process: it has started its first kernel (a
-        child running ttlib.grading.sandbox), by when it has imported nbgrader, and what the hidden tests import."""
-        children = processes.children_of(pid)
-        return bool(children) if pid == proc.pid else any("ttlib.grading.sandbox" in command_line(c) for c in children)
+        """The command's own process: it has started its pool (a child running multiprocessing's spawn; not an
+        earlier helper such as ldconfig). A pool process: it has started its first kernel (a child running
+        ttlib.grading.sandbox), by when it has imported nbgrader, and what the hidden tests import."""
+        mark = "multiprocessing.spawn" if pid == proc.pid else "ttlib.grading.sandbox"
+        return any(mark in command_line(child) for child in processes.children_of(pid))
 
     def sample():
         while proc.poll() is None:
