@@ -30,7 +30,7 @@ from ttlib.data.trajectories import OfflineDataset, discounted_values
 from ttlib.evaluation import rollout
 from ttlib.model import gpt as ttlib_model
 from ttlib.model.attention import CausalSelfAttention, KVCache, explicit_attention
-from ttlib.model.gpt import GPTConfig, TrajectoryGPT
+from ttlib.model.gpt import GPTConfig, TrajectoryGPT, trajectory_mask
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning import beam as planning
 from ttlib.planning import decoders
@@ -896,6 +896,42 @@ def test_attention_maps_are_the_models_weights():
         torch.testing.assert_close(y, block.attn(h, model.allowed[:T, :T]), atol=1e-6, rtol=0)
     assert viz.token_labels(2, 1, 6) == ["s0.0", "s1.0", "a0.0", "r.0", "V.0", "s0.1"]
 
+
+
+def test_attention_by_kind_sorts_each_querys_attention_by_the_kind_and_transition_of_its_keys():
+    td, T = 5, 15  # obs_dim 2, act_dim 1: s s a r V; three transitions
+    on_itself = torch.eye(T)  # every query attends to itself only: all of it on its own kind, now
+    torch.testing.assert_close(torch.as_tensor(viz.attention_by_kind(on_itself, 2, 1)),
+                               torch.eye(4, 9, dtype=torch.float64))
+    same_dim_before = torch.zeros(T, T)  # each query on the same dimension one transition back
+    same_dim_before[torch.arange(td, T), torch.arange(0, T - td)] = 1.0
+    table = viz.attention_by_kind(same_dim_before[None, None], 2, 1)  # leading (B, H) dims are averaged
+    torch.testing.assert_close(torch.as_tensor(table[:, 4:8]), torch.eye(4, dtype=torch.float64))
+    on_first = torch.zeros(2, T, T)
+    on_first[:, :, 0] = 1.0  # every query on the very first token: older than the transition before, from t = 2
+    assert np.all(viz.attention_by_kind(on_first, 2, 1)[:, 8] == 1.0)
+    torch.manual_seed(0)
+    model = TrajectoryGPT(GPTConfig(obs_dim=2, act_dim=1, n_bins=7, n_layer=1, n_head=2, n_embd=8, n_transitions=4,
+                                    dropout=0.0)).eval()
+    table = viz.attention_by_kind(viz.attention_maps(model, torch.randint(0, 7, (3, T)))[0], 2, 1)
+    torch.testing.assert_close(torch.as_tensor(table.sum(1)), torch.ones(4, dtype=torch.float64))
+    assert np.all(table[:, [3, 7]] == 0), "no query of a real model attends to a value token"
+    with pytest.raises(ValueError, match=r"T > 2 \* transition_dim = 10"):
+        viz.attention_by_kind(torch.eye(10), 2, 1)
+
+
+def test_plot_attention_hatches_every_masked_cell_and_names_the_tokens():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    allowed = trajectory_mask(10, 5)  # (10, 10): causal, and the value columns 4 and 9 hidden
+    fig, ax = plt.subplots()
+    viz.plot_attention(ax, torch.rand(10, 10) * allowed, allowed, viz.token_labels(2, 1, 10), query=3)
+    assert len(ax.collections[0].get_paths()) == int((~allowed).sum()), "one hatched square per masked cell"
+    assert [t.get_text() for t in ax.get_yticklabels()] == viz.token_labels(2, 1, 10)
+    plt.close(fig)
 
 def test_plot_beam_tree_draws_every_candidate_and_the_best_path():
     import matplotlib
