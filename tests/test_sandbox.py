@@ -501,3 +501,37 @@ def test_what_the_grader_imports_is_not_taken_for_a_kernels_output():
     outputs = json.loads(result.stdout.strip().splitlines()[-1])
     assert [o.get("text") for o in outputs] == ["1\n"], outputs
 
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["forked kernel", "fresh kernel"])
+def test_a_grading_kernel_is_forked_fresh_and_confined_and_can_be_interrupted(preload, tmp_path):
+    """Grading forks each kernel from the zygote (`BoundedExecute.preload`, the default: PyTorch and ttlib already
+    imported, a second instead of seconds to start) or starts it afresh: either way it is a process of its own that
+    sees nothing an earlier kernel did, writes only its scratch folder, and stops a looping cell when interrupted
+    at its CPU budget, the next cells still running."""
+    import nbformat
+
+    from ttlib.grading import zygote
+    from ttlib.grading.execute import BoundedExecute
+
+    outside = tmp_path / "outside.txt"
+    cells = ["import sys, ttlib\nprint('torch' in sys.modules, getattr(ttlib, 'LEFT_BEHIND', 'nothing'))\n"
+             "ttlib.LEFT_BEHIND = 'a secret'\nimport torch  # as every graded notebook's setup does",
+             f"try:\n    open({str(outside)!r}, 'w').write('x')\nexcept OSError as e:\n    print(type(e).__name__)",
+             "while True:\n    pass",
+             "print('after the loop')"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    for i, c in enumerate(nb.cells):
+        c.metadata["nbgrader"] = {"grade": True, "grade_id": f"t{i}", "points": 1}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    runs = [BoundedExecute(hidden_tests=False, preload=preload, timeout=3).preprocess(nbformat.from_dict(nb), {})[0]
+            for _ in range(2)]
+    for out in runs:
+        text = ["".join(o.get("text", o.get("evalue", "")) for o in c.outputs) for c in out.cells]
+        assert text[0].split() == [str(preload), "nothing"], text  # torch imported already only when forked
+        assert text[1].strip() == "PermissionError" and not outside.exists(), text
+        assert "used its 3 CPU seconds" in text[2] and text[3] == "after the loop\n", text
+    cpu = [out.metadata["ttlib"]["run"]["cpu"] - 3 for out in runs]  # CPU s of each kernel but its loop's
+    print(f"preload={preload}: a kernel's CPU seconds but the loop's: {cpu}")
+    if preload:  # started with the libraries imported: a fresh kernel spends 4 or more CPU s importing them
+        assert max(cpu) < 2.5 and zygote.pids(), cpu

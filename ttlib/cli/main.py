@@ -22,9 +22,6 @@ import argparse
 import json
 import sys
 
-from ttlib.cli.evaluate import add_evaluate
-from ttlib.cli.train import add_train, add_train_critic, where_to_resume
-from ttlib.data import trajectories as ttdata
 from ttlib.errors import TTLibError
 from ttlib.grading import cli as grading_cli
 
@@ -33,12 +30,16 @@ COMPUTES = ("train", "train-critic", "evaluate", "bench")  # the commands whose 
 
 
 def _cmd_make_dataset(args):
+    from ttlib.data import trajectories as ttdata
+
     path = ttdata.build(args.dataset, seed=args.seed, n_episodes=args.episodes, force=args.force)
     print(f"dataset {args.dataset} ready at {path}")
     print(ttdata.load(args.dataset, progress=False).summary())
 
 
 def _cmd_datasets(args):
+    from ttlib.data import trajectories as ttdata
+
     rows = ttdata.list_local()
     if not rows:
         print(f"no local datasets yet; `ttlib make-dataset` builds {ttdata.DEFAULT_DATASET}")
@@ -135,9 +136,17 @@ def _cmd_bench(args):
             print(f"{out['speedup_vs_faster_tt']['median']:.1f}x faster than faster-TT's batch_beam_plan, side by side")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(grading_only: bool = False) -> argparse.ArgumentParser:
+    """The command line; `grading_only`: only `ttlib grade`, whose commands need neither PyTorch nor the datasets
+    (an instructor's `ttlib grade collect` starts in half the time without importing them)."""
     parser = argparse.ArgumentParser(prog="ttlib", description="The Trajectory Transformer course library.")
     sub = parser.add_subparsers(dest="command", required=True)
+    if grading_only:
+        grading_cli.add_grade(sub)
+        return parser
+    from ttlib.cli.evaluate import add_evaluate
+    from ttlib.cli.train import add_train, add_train_critic
+    from ttlib.data import trajectories as ttdata
 
     p = sub.add_parser("make-dataset", help="build a local offline dataset (no download)")
     p.add_argument("--dataset", default=ttdata.DEFAULT_DATASET, help=f"one of {ttdata.buildable()}")
@@ -201,15 +210,16 @@ def main(argv=None) -> int:
     """Run one command. A TTLibError (a mistake in what the user gave) prints as one line and exits with 2; any
     other exception is a bug and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(grading_only=argv[:1] == ["grade"])
     if argv[:1] == ["lab"]:  # `ttlib lab --allow-root ...`: the options are JupyterLab's
-        args = build_parser().parse_args(["lab"])
+        args = parser.parse_args(["lab"])
         args.jupyter_options = argv[1:]
     elif argv[:2] == ["grade", "autograde"]:  # nbgrader's --Class.trait=value options pass through
         options = [a for a in argv if grading_cli.NBGRADER_OPTION.match(a)]
-        args = build_parser().parse_args([a for a in argv if a not in options])
+        args = parser.parse_args([a for a in argv if a not in options])
         args.nbgrader_options = options
     else:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     if args.command in COMPUTES:  # the process is this command's: its torch threads, the cores others leave free
         from ttlib.course import threads
 
@@ -220,6 +230,8 @@ def main(argv=None) -> int:
         print(f"ttlib {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        from ttlib.cli.train import where_to_resume
+
         print(f"ttlib {args.command}: interrupted{where_to_resume(args)}", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
     return 0

@@ -13,16 +13,16 @@ import re
 from dataclasses import dataclass
 
 import nbformat
-from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async, run_sync
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer, List, Unicode
 
+from ttlib.grading.kernels import SandboxedKernelManager
 from ttlib.grading.nbrun import poll_shell_in_steps
 from ttlib.grading.output import OutputCap, mib, reads_as_score
 
-__all__ = ["BoundedExecute", "Budgets", "SandboxedKernelManager", "budgets", "error_output", "memory_limit"]
+__all__ = ["BoundedExecute", "Budgets", "budgets", "error_output", "memory_limit"]
 
 
 # ---- autograde: a bounded, contained run per submission ----------------------------------------------------------
@@ -85,16 +85,6 @@ def budgets(executor) -> Budgets:
 def memory_limit(config) -> float:
     """Bytes of memory a submission may use under `config` (an nbgrader configuration) and the environment."""
     return budgets(BoundedExecute(config=config)).memory_bytes
-
-
-class SandboxedKernelManager(AsyncKernelManager):
-    """jupyter_client's kernel manager, starting the kernel inside a ttlib.grading.sandbox.Sandbox (`sandbox`)."""
-
-    sandbox = None
-
-    def format_kernel_cmd(self, extra_arguments=None):
-        cmd = super().format_kernel_cmd(extra_arguments)
-        return self.sandbox.command(cmd) if self.sandbox is not None else cmd
 
 
 class BoundedExecute(Execute):
@@ -163,6 +153,8 @@ class BoundedExecute(Execute):
                                                     "submission's output; past it the kernel is stopped").tag(
         config=True)
     sandbox = Bool(True, help="run each kernel in ttlib.grading.sandbox (Linux)").tag(config=True)
+    preload = Bool(True, help="fork each sandboxed kernel from a process that imported PyTorch, ttlib and IPython "
+                              "once (ttlib.grading.zygote) rather than start it afresh").tag(config=True)
     threads = Integer(1, help="OpenMP/MKL threads in the kernel (OMP_NUM_THREADS): with one, CPU seconds measure "
                               "the work done, on any machine").tag(config=True)
     run_demos = Bool(False, help="run demo cells whole (default: only their definitions, as the hidden tests "
@@ -204,6 +196,7 @@ class BoundedExecute(Execute):
         sandbox.adopt_orphans()  # the second line: what escapes a sandbox comes to this process, and is ended below
         before = sandbox.own_children()
         student = ((resources or {}).get("nbgrader") or {}).get("student", "?")
+        self._forked = None
         try:
             nb, resources = super().preprocess(nb, resources, km)
         finally:
@@ -211,6 +204,8 @@ class BoundedExecute(Execute):
                 self._watchdog.close()
             if self._box is not None:
                 self._box.close()  # ends whatever is left of the kernel's tree, removes the scratch folder
+            if self._forked is not None:
+                self._forked.wait(30)  # reaped, and the zygote free for the hidden tests
             strays = sandbox.end_orphans(before | zygote.pids())  # (the zygote is ours, no submission's)
             if strays:
                 self.log.warning("ttlib: %s left %d process(es) behind; they were ended", student, len(strays))
@@ -293,7 +288,7 @@ class BoundedExecute(Execute):
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
         if self._box is not None:
-            km.sandbox = self._box
+            km.sandbox, km.preload = self._box, self.preload
             km.connection_file = str(self._box.scratch / "kernel.json")
         return km
 
@@ -375,8 +370,9 @@ class BoundedExecute(Execute):
                 return "grader memory"
             return None
 
+        self._forked = getattr(self.km, "forked", None)
         if self._box is not None:  # the wrapper's tree: the kernel and everything it started
-            self._watchdog = self._box.watch(pid, self.memory_poll, guard=grader_grows)
+            self._watchdog = self._box.watch(pid, self.memory_poll, guard=grader_grows, forked=bool(self._forked))
         else:  # no sandbox: the kernel itself and its children
             limits = sandbox.Limits(memory_bytes=self._budgets.memory_bytes, processes=None)
             self._watchdog = sandbox.Watchdog(pid, limits, self.memory_poll, include_root=True, guard=grader_grows)

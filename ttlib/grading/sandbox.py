@@ -101,7 +101,7 @@ from ttlib.grading.processes import (  # noqa: F401 (as above)
 
 __all__ = ["Capabilities", "LINUX", "Limits", "Result", "SYSTEM_READ", "Sandbox", "Usage", "Watchdog", "adopt_orphans",
            "capabilities", "descendants", "end_orphans", "end_tree", "own_children", "own_memory", "run", "started",
-           "tree_usage", "ttlib_paths"]
+           "tree_usage", "ttlib_paths", "zygote_for_run"]
 
 
 # ---- a sandbox: its folders, its command line, its environment -----------------------------------------------------
@@ -330,14 +330,7 @@ def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
     CPU seconds of the wrapper and every child it reaped, or None), whether it was forked from the zygote)."""
     import subprocess
 
-    zygote = None
-    if preload and box.caps.sandboxed and len(argv) > 2 and argv[1] in ("-m", "-c"):
-        from ttlib.grading import zygote as zygotes
-
-        try:
-            zygote = zygotes.zygote_for(argv[0], env)
-        except OSError:  # no zygote here (it said why on stderr): the run starts afresh, in the same sandbox
-            zygote = None
+    zygote = zygote_for_run(box, argv, env) if preload else None
     if zygote is None:
         proc = subprocess.Popen(box.command(argv), env=env, cwd=box.scratch, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -359,6 +352,19 @@ def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
         return os.waitstatus_to_exitcode(status), cpu
 
     return pid, (open(out_r, "rb"), open(err_r, "rb")), wait_forked, True
+
+
+def zygote_for_run(box: Sandbox, argv: list[str], env: dict):
+    """The zygote (ttlib.grading.zygote) to fork `argv` from in `box`, or None where it starts afresh: no sandbox
+    here, not a `python -m MODULE` or `python -c CODE` command, or no zygote (it said why on stderr)."""
+    if not (box.caps.sandboxed and len(argv) > 2 and argv[1] in ("-m", "-c")):
+        return None
+    from ttlib.grading import zygote as zygotes
+
+    try:
+        return zygotes.zygote_for(argv[0], env)
+    except OSError:  # the run starts afresh, in the same sandbox
+        return None
 
 
 def _wait(proc, timeout: float | None):

@@ -31,12 +31,13 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["PRELOAD", "PRELOAD_TTLIB", "THREAD_VARS", "Zygote", "close_all", "fork_here", "pids", "run_here", "serve",
-           "zygote_for"]
+__all__ = ["ForkedProcess", "PRELOAD", "PRELOAD_TTLIB", "THREAD_VARS", "Zygote", "close_all", "fork_here", "pids",
+           "run_here", "serve", "zygote_for"]
 
 PRELOAD = ("numpy", "torch", "torch.nn.functional", "matplotlib.pyplot", "ipywidgets", "IPython.display",
-           "IPython.core.inputtransformer2", "tqdm.auto", "gymnasium")  # libraries the hidden tests and the graded
-# notebooks' setup cells import; an optional one that is missing is left to the runs
+           "IPython.core.inputtransformer2", "tqdm.auto", "gymnasium", "ipykernel.kernelapp",
+           "matplotlib_inline.backend_inline")  # libraries the hidden tests, the graded notebooks' setup cells
+# and the kernels import; an optional one that is missing is left to the runs
 PRELOAD_TTLIB = ("ttlib.exercises.hidden", "ttlib.model.gpt", "ttlib.model.tokenizer", "ttlib.model.attention",
                  "ttlib.evaluation.rollout", "ttlib.planning.fast_decoder", "ttlib.evaluation.ray_evaluation",
                  "ttlib.course.threads", "ttlib.course.viz")  # the course's own: each must import
@@ -117,6 +118,11 @@ class Zygote:
         finally:
             self.lock.release()
 
+    def poll(self, pid: int) -> tuple[int, float] | None:
+        """`wait`'s answer if the run has ended, else None at once."""
+        ready, _, _ = select.select([self.sock], [], [], 0)
+        return self.wait(pid) if ready else None
+
     def close(self) -> None:
         import time
 
@@ -127,6 +133,38 @@ class Zygote:
         if self.alive():
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
+
+
+class ForkedProcess:
+    """A run `spawn`ed by a zygote, as much of subprocess.Popen as jupyter_client's kernel provisioner uses: pid,
+    poll, wait, send_signal, kill, terminate (`cpu`: its CPU seconds, once it has ended)."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, zygote: Zygote, pid: int):
+        self.zygote, self.pid, self.returncode, self.cpu = zygote, pid, None, None
+
+    def _ended(self, done: tuple[int, float] | None) -> int | None:
+        if done is not None:
+            self.returncode, self.cpu = os.waitstatus_to_exitcode(done[0]), done[1]
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self.returncode if self.returncode is not None else self._ended(self.zygote.poll(self.pid))
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code; past `timeout` seconds its tree is killed first (the zygote is free again either way)."""
+        return self.returncode if self.returncode is not None else self._ended(self.zygote.wait(self.pid, timeout))
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:  # (not reaped yet, so the pid is still this run's)
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
 
 _ZYGOTES: dict[str, Zygote] = {}  # python -> its zygote
