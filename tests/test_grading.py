@@ -69,10 +69,11 @@ GRADED = [p.stem for p in grade.graded_notebooks(NOTEBOOKS)]
 ATTENTION = "01_attention"
 CHEAP = "02_trajectory_tokenizer"  # the notebook the special cases are graded on
 BEAM = "05_beam_search"
-CELL_TIMEOUT = 20  # seconds per cell when grading CHEAP; its slowest cell (the imports) takes about 5 s
-NOTEBOOK_TIMEOUT = 35  # seconds for a whole CHEAP submission; a correct one takes about 15 s
+CELL_TIMEOUT = 10  # CPU seconds per cell when grading CHEAP; its slowest cell (the imports) takes about 0.5 in a
+# kernel forked from the zygote (ttlib.grading.kernels), 5 in one started afresh
+NOTEBOOK_TIMEOUT = 20  # CPU seconds for a whole CHEAP submission; a correct one takes about 1 (6 afresh)
 MEMORY_GB = 2.0  # the memory limit of CHEAP's kernels and hidden tests; a correct one uses well under 1 GiB
-EXERCISE_CPU = 15  # CPU seconds for each of CHEAP's exercises in the hidden tests; a correct one uses about 1
+EXERCISE_CPU = 8  # CPU seconds for each of CHEAP's exercises in the hidden tests; a correct one uses about 1
 HOGGED = ["03_trajectory_gpt", BEAM]  # graded beside a CPU hog
 # Every other notebook is graded with these CPU-second limits (demos run only their definitions when grading).
 FAST_CELL_TIMEOUT = 100
