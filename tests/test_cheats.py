@@ -1,14 +1,12 @@
 """Every way of cheating an in-process checker that was tried on this course (tests/wrong_answers/cheats.py) scores 0
 in the graders' hidden tests and is flagged by the static scan; honest solutions are neither refused nor flagged.
 
-The hidden tests run for real: `python -m ttlib.exercises.hidden` in a process of its own on the submission, and
-the grader's judge (`judge_records`) in this one, as nbgrader's autograde does.
+The hidden tests run for real: `python -m ttlib.exercises.hidden` on the submission in a sandboxed process of its
+own, forked from the zygote, and the grader's judge (`judge_records`) in this one, as nbgrader's autograde does.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +17,7 @@ from test_exercises import load_module  # tests/ is on sys.path under pytest
 
 from ttlib.course.notebooks import NOTEBOOKS as NOTEBOOK_LIST
 from ttlib.exercises.hidden import judge_records
+from ttlib.grading import sandbox
 from ttlib.grading.scan import scan_notebook, scan_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,13 +41,14 @@ def submission(tmp_path: Path, name: str, exercise: str, source: str) -> Path:
 
 
 def hidden_verdicts(submitted: Path, exercises: list[str], released: Path | None = None) -> dict:
-    """The graders' hidden tests on `submitted`, in a process of their own, judged here."""
+    """The graders' hidden tests on `submitted`, in a sandboxed process of their own forked from this process's
+    zygote (as autograde runs them: ttlib.grading.hidden_tests), judged here."""
     released = released or NOTEBOOKS / "student" / f"{ATTENTION}.ipynb"
-    done = subprocess.run([sys.executable, "-m", "ttlib.exercises.hidden", str(released), str(submitted),
-                           "--exercises", ",".join(exercises), "--seed", str(SEED)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=submitted.parent)
-    return judge_records(done.stdout.splitlines(), exercises, SEED)
+    files = {"released.ipynb": released.read_bytes(), "submitted.ipynb": submitted.read_bytes()}
+    done = sandbox.run([sys.executable, "-m", "ttlib.exercises.hidden", "released.ipynb", "submitted.ipynb",
+                        "--exercises", ",".join(exercises), "--seed", str(SEED)],
+                       sandbox.Limits(wall_seconds=600), files=files, name="cheat", preload=True)
+    return judge_records(done.stdout.decode().splitlines(), exercises, SEED)
 
 
 @pytest.mark.slow
