@@ -222,13 +222,14 @@ def run(*args, env, timeout=900):
     def set_up(pid: int) -> bool:
         """The command's own process: it has started its pool (a child running multiprocessing's spawn; not an
         earlier helper such as ldconfig). A pool process: it has started its first kernel, by when it has imported
-        nbgrader and what the hidden tests import -- a kernel forked by its zygote (the zygote, its one child, has a
-        child), or started afresh (a child running ttlib.grading.sandbox)."""
-        children = processes.children_of(pid)
+        nbgrader and what the hidden tests import -- a kernel forked by its zygote (a child with the pool process's
+        own command line, a fork of it, that has a child; not a helper's shell with its command), or one started
+        afresh (a child running ttlib.grading.sandbox)."""
+        children, own = processes.children_of(pid), command_line(pid)
         if pid == proc.pid:
             return any("multiprocessing.spawn" in command_line(child) for child in children)
-        return any(processes.children_of(child) or "ttlib.grading.sandbox" in command_line(child)
-                   for child in children)
+        return any((command_line(child) == own and processes.children_of(child))
+                   or "ttlib.grading.sandbox" in command_line(child) for child in children)
 
     def sample():
         while proc.poll() is None:

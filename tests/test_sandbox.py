@@ -524,14 +524,15 @@ def test_a_grading_kernel_is_forked_fresh_and_confined_and_can_be_interrupted(pr
     for i, c in enumerate(nb.cells):
         c.metadata["nbgrader"] = {"grade": True, "grade_id": f"t{i}", "points": 1}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    runs = [BoundedExecute(hidden_tests=False, preload=preload, timeout=3).preprocess(nbformat.from_dict(nb), {})[0]
-            for _ in range(2)]
+    budget = 6  # CPU s a cell: the loop's, and room for a fresh kernel's `import torch` (about 3) on a busy machine
+    runs = [BoundedExecute(hidden_tests=False, preload=preload, timeout=budget).preprocess(nbformat.from_dict(nb),
+                                                                                          {})[0] for _ in range(2)]
     for out in runs:
         text = ["".join(o.get("text", o.get("evalue", "")) for o in c.outputs) for c in out.cells]
         assert text[0].split() == [str(preload), "nothing"], text  # torch imported already only when forked
         assert text[1].strip() == "PermissionError" and not outside.exists(), text
-        assert "used its 3 CPU seconds" in text[2] and text[3] == "after the loop\n", text
-    cpu = [out.metadata["ttlib"]["run"]["cpu"] - 3 for out in runs]  # CPU s of each kernel but its loop's
+        assert f"used its {budget} CPU seconds" in text[2] and text[3] == "after the loop\n", text
+    cpu = [out.metadata["ttlib"]["run"]["cpu"] - budget for out in runs]  # CPU s of each kernel but its loop's
     print(f"preload={preload}: a kernel's CPU seconds but the loop's: {cpu}")
     if preload:  # started with the libraries imported: a fresh kernel spends 4 or more CPU s importing them
         assert max(cpu) < 2.5 and zygote.pids(), cpu
