@@ -30,16 +30,16 @@ class SandboxedKernelManager(AsyncKernelManager):
         return self.sandbox.command(cmd) if self.sandbox is not None else cmd
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
-        from ttlib.grading import sandbox, zygote
+        from ttlib.grading import sandbox
 
         env, z = kw.get("env") or dict(os.environ), None
         if self.preload and self.sandbox is not None:  # kernel_cmd: python -m ttlib.grading.sandbox WRAPPER -- KERNEL
-            z = sandbox.zygote_for_run(self.sandbox, kernel_cmd[kernel_cmd.index("--") + 1:], env)
+            kernel = kernel_cmd[kernel_cmd.index("--") + 1:]
+            z = sandbox.zygote_for_run(self.sandbox, kernel, env)
         if z is None:
             return await super()._async_launch_kernel(kernel_cmd, **kw)
-        # the wrapper, forked: its stdout and stderr are ours, as a kernel started afresh inherits them
-        pid = z.spawn(kernel_cmd[3:], env, str(kw.get("cwd") or self.sandbox.scratch), 1, 2)
-        self.forked = zygote.ForkedProcess(z, pid)
-        p = self.provisioner
-        p.process, p.pid, p.pgid, p.cwd = self.forked, pid, pid, kw.get("cwd")  # (the wrapper leads its session)
+        # its stdout and stderr are ours, as a kernel started afresh inherits them; its wrapper leads its session
+        self.forked = sandbox.fork(self.sandbox, z, kernel, env, 1, 2)
+        p, pid = self.provisioner, self.forked.pid
+        p.process, p.pid, p.pgid, p.cwd = self.forked, pid, pid, kw.get("cwd")
         self._reconcile_connection_info(p.connection_info)

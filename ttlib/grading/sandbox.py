@@ -100,8 +100,8 @@ from ttlib.grading.processes import (  # noqa: F401 (as above)
 )
 
 __all__ = ["Capabilities", "LINUX", "Limits", "Result", "SYSTEM_READ", "Sandbox", "Usage", "Watchdog", "adopt_orphans",
-           "capabilities", "descendants", "end_orphans", "end_tree", "own_children", "own_memory", "run", "started",
-           "tree_usage", "ttlib_paths", "zygote_for_run"]
+           "capabilities", "descendants", "end_orphans", "end_tree", "fork", "own_children", "own_memory", "run",
+           "started", "tree_usage", "ttlib_paths", "zygote_for_run"]
 
 
 # ---- a sandbox: its folders, its command line, its environment -----------------------------------------------------
@@ -342,16 +342,15 @@ def _start(box: Sandbox, argv: list[str], env: dict, preload: bool):
         return proc.pid, (proc.stdout, proc.stderr), wait, False
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     try:
-        pid = zygote.spawn(box.command(argv)[3:], env, str(box.scratch), out_w, err_w)
+        forked = fork(box, zygote, argv, env, out_w, err_w)
     finally:
         os.close(out_w)
         os.close(err_w)
 
     def wait_forked(timeout):
-        status, cpu = zygote.wait(pid, timeout)
-        return os.waitstatus_to_exitcode(status), cpu
+        return forked.wait(timeout), forked.cpu
 
-    return pid, (open(out_r, "rb"), open(err_r, "rb")), wait_forked, True
+    return forked.pid, (open(out_r, "rb"), open(err_r, "rb")), wait_forked, True
 
 
 def zygote_for_run(box: Sandbox, argv: list[str], env: dict):
@@ -365,6 +364,15 @@ def zygote_for_run(box: Sandbox, argv: list[str], env: dict):
         return zygotes.zygote_for(argv[0], env)
     except OSError:  # the run starts afresh, in the same sandbox
         return None
+
+
+def fork(box: Sandbox, zygote, argv: list[str], env: dict, stdout_fd: int, stderr_fd: int):
+    """Run `argv` in `box`, its wrapper forked from `zygote` (zygote_for_run's), in the scratch folder, its stdout
+    and stderr on these descriptors -> its ttlib.grading.zygote.ForkedProcess."""
+    from ttlib.grading.zygote import ForkedProcess
+
+    wrapper = box.command(argv)[3:]  # (the command is `python -m ttlib.grading.sandbox WRAPPER... -- ARGV`)
+    return ForkedProcess(zygote, zygote.spawn(wrapper, env, str(box.scratch), stdout_fd, stderr_fd))
 
 
 def _wait(proc, timeout: float | None):
