@@ -8,13 +8,11 @@ model is small and its learning rate high, so that it learns the 4 training epis
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from commands import ttlib  # tests/ is on sys.path
 
 from ttlib.agents import dt
 from ttlib.model.tokenizer import NoBinMeansWarning
@@ -38,11 +36,6 @@ FAST_PLAN = ["--beam-width", "2", "--horizon", "1", "--context", "1", "--expand"
 
 def options(settings: dict) -> list[str]:
     return [x for name, value in settings.items() for x in (f"--{name.replace('_', '-')}", str(value))]
-
-
-def ttlib(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "ttlib", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def make_dataset(episodes: int = 6) -> None:

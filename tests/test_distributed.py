@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from commands import in_process, one_line_error, ttlib  # tests/ is on sys.path
 
 from ttlib.agents.critic import load_critic
-from ttlib.cli import main as cli
 from ttlib.evaluation import ray_cluster, rollout
 from ttlib.evaluation import ray_evaluation as distributed
 from ttlib.planning import beam as planning
@@ -141,11 +141,6 @@ def test_local_inference_with_the_critic_equals_one_process(cluster, course):
     assert result.layout == "local" and result.workers == 2
 
 
-def ttlib(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "ttlib", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-
-
 def test_cli_evaluate_on_an_existing_cluster_equals_one_process(cluster):
     """`ttlib evaluate --workers 2 --central --address` joins the module's cluster as a second driver; the
     central planner batches exactly what the single process batches, so even float32 returns are identical. Both
@@ -199,6 +194,5 @@ def test_without_ray_the_message_names_the_extra():
     (["--central"], "--central and --address need --workers"),
     (["--workers", "2", "--sequential"], "--sequential plays in one process"),
 ])
-def test_cli_refuses_contradictory_options(args, message, capsys):
-    assert cli.main(["evaluate", "--episodes", "1", *args]) == 2
-    assert message in capsys.readouterr().err
+def test_cli_refuses_contradictory_options(args, message):
+    one_line_error(in_process("evaluate", "--episodes", "1", *args), message)

@@ -17,10 +17,10 @@ import minari
 import numpy as np
 import pytest
 import torch
+from commands import in_process, one_line_error, ttlib  # tests/ is on sys.path
 from minari.data_collector import EpisodeBuffer
 
 from ttlib.agents import dt
-from ttlib.cli.main import main
 from ttlib.data import trajectories as ttdata
 from ttlib.evaluation import rollout
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
@@ -33,20 +33,6 @@ TINY_TT = ["--steps", "3", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", 
 TINY_DT = ["--model", "dt", "--steps", "3", "--context", "2", "--n-layer", "1", "--n-embd", "16", "--n-head", "1",
            "--batch-size", "4", "--eval-every", "3", "--eval-batches", "1"]
 FAST_PLAN = ["--beam-width", "2", "--horizon", "1", "--context", "1", "--expand", "1", "--top-k", "0"]
-
-
-def ttlib(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "ttlib", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def one_line_error(result, *parts):
-    """The command failed (exit 2) with exactly one line on stderr that holds every part."""
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 def pendulum_dataset(dataset_id, episodes=3, steps=20, *, env=None, nan_at=None, action_scale=1.0,
@@ -150,13 +136,12 @@ def test_nan_never_reaches_bins_weights_or_an_evaluation(tmp_path):
     (["--model", "dt", "--episodes", "0", "--n-envs", "2"], "--episodes"),
     (["--model", "dt", "--episodes", "1", "--max-steps", "0"], "--max-steps"),
 ])
-def test_an_evaluation_of_nothing_is_refused(args, flag, capsys):
+def test_an_evaluation_of_nothing_is_refused(args, flag):
     """Each flag's check, in this process (`ttlib`'s main, as the command calls it); the first case also as a
     command of its own, which shows what a terminal gets: exit 2 and one line, no warning or traceback."""
     if args == ["--episodes", "0", "--n-envs", "2"]:
         one_line_error(ttlib("evaluate", *args), flag)
-    code = main(["evaluate", *args])
-    one_line_error(subprocess.CompletedProcess(args, code, "", capsys.readouterr().err), flag)
+    one_line_error(in_process("evaluate", *args), flag)
 
 
 def test_library_evaluations_of_nothing_are_refused():
@@ -261,7 +246,8 @@ def test_trajectory_transformer_refuses_other_action_bounds(minari_root, tmp_pat
     ("own/nothing/here-v0", ["own/nothing/here-v0 is not on this machine", "ttlib datasets"]),
 ])
 def test_dataset_ids_that_lead_nowhere(dataset_id, parts, minari_root, tmp_path):
-    one_line_error(ttlib("train", "--dataset", dataset_id, "--out", str(tmp_path / "x.pt"), *TINY_TT), *parts)
+    """In this process; test_an_evaluation_of_nothing_is_refused runs a bad input as a command of its own."""
+    one_line_error(in_process("train", "--dataset", dataset_id, "--out", str(tmp_path / "x.pt"), *TINY_TT), *parts)
 
 
 def test_datasets_lists_a_broken_dataset_with_its_fix(minari_root):
