@@ -8,7 +8,7 @@
                    [--which last]               the last step's model, not the best evaluation's
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
-    ttlib convert-checkpoint OLD.pt NEW.safetensors [--trust]   an older, pickled checkpoint as data only
+    ttlib convert-checkpoint OLD.pt NEW.safetensors an older, pickled checkpoint as data only
     ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
     ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
@@ -65,11 +65,10 @@ def _cmd_convert_checkpoint(args):
     from ttlib.training.checkpoint_files import convert_pickled
     from ttlib.training.checkpoints import read_checkpoint
 
-    how = ("unpickling it in full (--trust: this runs any code it holds)" if args.trust else
-           "with PyTorch's restricted unpickler (tensors and plain data only; a file holding anything else is refused)")
-    print(f"reading the pickled checkpoint {args.old} {how},\nand writing it as tensors + JSON to {args.new}",
+    print(f"reading the pickled checkpoint {args.old} with PyTorch's restricted unpickler (tensors and plain data "
+          f"only; a file holding anything else is refused, unrun),\nand writing it as tensors + JSON to {args.new}",
           file=sys.stderr)
-    convert_pickled(args.old, args.new, trust=args.trust)
+    convert_pickled(args.old, args.new)
     payload = read_checkpoint(args.new, kind=None)  # read back the way every ttlib command reads it
     tensors = sum(1 for _ in _tensors(payload))
     print(f"wrote {args.new}: a {payload['kind']} checkpoint, {tensors} tensors; every ttlib command reads it, and "
@@ -169,8 +168,6 @@ def build_parser(grading_only: bool = False) -> argparse.ArgumentParser:
     p = sub.add_parser("convert-checkpoint", help="rewrite an older, pickled checkpoint (.pt) as data only")
     p.add_argument("old", help="the pickled checkpoint (ttlib before safetensors)")
     p.add_argument("new", help="where to write it (e.g. NAME.safetensors)")
-    p.add_argument("--trust", action="store_true", help="unpickle it in full, which runs any code it holds: only "
-                   "for a file you made yourself or trust who did (needed for torch < 2.6)")
     p.set_defaults(func=_cmd_convert_checkpoint)
 
     grading_cli.add_grade(sub)

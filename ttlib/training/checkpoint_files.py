@@ -167,30 +167,26 @@ def read_payload(path: str) -> dict:
 
 
 # ---- the one way an old pickled checkpoint is read: on purpose ------------------------------------------------
-def convert_pickled(source: str, destination: str, *, trust: bool = False) -> dict:
+def convert_pickled(source: str, destination: str) -> dict:
     """Read an older, pickled ttlib checkpoint and write it to `destination` as a safetensors one -> its payload.
 
-    By default the pickle is read with PyTorch's restricted unpickler (`weights_only=True`: tensors and plain
-    containers only), which refuses a file that holds anything else -- and on torch < 2.6, whose restricted
-    unpickler had a known way around it (CVE-2025-32434), only with `trust=True`. `trust=True` unpickles the file
-    in full: it runs any code the file holds, so it is for files you made yourself or trust who did."""
+    The pickle is read with PyTorch's restricted unpickler only (`weights_only=True`: tensors and plain containers,
+    all an older ttlib checkpoint holds), which refuses a file that holds anything else, unrun. ttlib never unpickles
+    a file in full: that runs any code the file holds. On torch < 2.6, whose restricted unpickler had a known way
+    around it (CVE-2025-32434), the conversion is refused: convert with torch 2.6 or newer."""
     if not os.path.isfile(source):
         raise CheckpointError(f"no checkpoint at {source}")
-    restricted_is_safe = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 6)
-    if not trust and not restricted_is_safe:
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6):
         raise CheckpointError(f"torch {torch.__version__} cannot read a pickle safely (its restricted unpickler has "
-                              "a known way around it); upgrade torch to 2.6 or newer, or pass --trust if you made "
-                              f"{source} yourself or trust who did")
+                              f"a known way around it): convert {source} where torch is 2.6 or newer (e.g. in a "
+                              "virtual environment of its own), then use the converted file here")
     try:
-        if trust:
-            payload = torch.load(source, map_location="cpu", weights_only=False)  # the user said: trusted
-        else:
-            payload = torch.load(source, map_location="cpu", weights_only=True)
+        payload = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as e:  # the restricted unpickler's refusal, or a corrupt file
         detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        hint = "" if trust else (" If it holds Python objects beyond tensors and plain data and you trust where it "
-                                 "came from, pass --trust (that runs the code it holds).")
-        raise CheckpointError(f"{source} could not be read as a pickled checkpoint: {detail}.{hint}") from None
+        raise CheckpointError(f"{source} could not be read as a pickled checkpoint: {detail}. ttlib reads only "
+                              "tensors and plain data from a pickle (anything else could run code), and an older "
+                              "ttlib checkpoint holds nothing else") from None
     if not isinstance(payload, dict) or payload.get("format") != PICKLED_FORMAT:
         raise CheckpointError(f"{source} is not an older ttlib checkpoint (expected format {PICKLED_FORMAT})")
     payload["format"] = CHECKPOINT_FORMAT
