@@ -42,6 +42,28 @@ def minari_root(tmp_path, monkeypatch):
     return root
 
 
+# The files that take longest (docs/TESTING.md's whole run), run first. Under `--dist loadfile` pytest-xdist hands a
+# worker the next file, in collection order, when the file it runs is nearly done: long files started early leave
+# short ones to fill the end, instead of one long file running alone on one core while the other idles. Order
+# only: every test runs either way. (pytest-xdist would order the files by their number of tests; pytest_configure
+# turns that off, as its --no-loadscope-reorder does.)
+SLOWEST_FIRST = [
+    "tests/test_grading.py", "notebooks/08_scaling_out_with_ray.ipynb", "tests/test_distributed.py",
+    "tests/test_browser.py", "tests/test_grading_sandbox.py", "notebooks/06_critic.ipynb",
+    "tests/test_data_parallel.py", "tests/test_user_datasets.py", "tests/test_sandbox.py", "tests/test_exercises.py",
+    "tests/test_cli.py", "tests/test_gpu_check.py"]
+
+
+def pytest_configure(config):
+    if getattr(config.option, "loadscopereorder", None):  # pytest-xdist's scheduler reads it when it starts
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest as collected
+
+
 _STARTED = pytest.StashKey[tuple]()  # (when the session started, the 1-minute load average then)
 
 

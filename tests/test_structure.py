@@ -380,6 +380,13 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert commands[0] in ci, f".ci/run does not run the README's test command: {commands[0]}"
 
 
+def test_the_files_the_suite_runs_first_exist():
+    from conftest import SLOWEST_FIRST  # tests/conftest.py
+
+    missing = [name for name in SLOWEST_FIRST if not (ROOT / name).is_file()]
+    assert not missing, f"tests/conftest.py's SLOWEST_FIRST names files that are gone (renamed?): {missing}"
+
+
 THREAD_SETTERS = {  # (module, function): the entry points of processes, which set torch's threads for the process
     ("ttlib.cli.main", "main"),  # the `ttlib` command, once per command that computes
     ("ttlib.training.data_parallel", "worker_main"),  # a data-parallel worker process (torchrun's)
