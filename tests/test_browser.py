@@ -218,8 +218,9 @@ def run_all_cells(page) -> float:
 
     Run All queues every code cell at once: the page shows [*] for each at once, before the kernel has run any. On a
     crowded machine (the grading tests' CPU hogs beside it) Run All has left every cell unrun beside an idle kernel,
-    in notebook 02 after 01: if nothing is queued 15 s after the click, the test does what a learner would, and runs
-    all again (twice at most; a screenshot each time, in artifacts/browser/)."""
+    in a notebook opened after another (02 after 01, 05 after 02): if nothing is queued 15 s after the click, the
+    test does what a learner would, and runs all again (twice at most; a screenshot each time, in
+    artifacts/browser/)."""
     click_run_all(page)
     start = idle_since = time.monotonic()
     clicks = 1
