@@ -224,8 +224,11 @@ def run_all_cells(page) -> float:
     click_run_all(page)
     start = idle_since = time.monotonic()
     clicks = 1
-    while not any(p != "[ ]:" for p in page.evaluate(CELL_STATE)["prompts"]):
-        if page.evaluate(CELL_STATE)["status"] != "idle":
+    while True:
+        state = page.evaluate(CELL_STATE)
+        if any(p != "[ ]:" for p in state["prompts"]):
+            break
+        if state["status"] != "idle":
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > 15 and clicks < 3:
             page.screenshot(path=str(ARTIFACTS / f"run_all_ran_nothing_{clicks}.png"))

@@ -8,7 +8,7 @@
                    [--which last]               the last step's model, not the best evaluation's
     ttlib evaluate --model dt [--target-return 280] --episodes 10
     ttlib bench {decoding,planning,profile,rollouts,training,distributed} [--json]
-    ttlib convert-checkpoint OLD.pt NEW.safetensors an older, pickled checkpoint as data only
+    ttlib convert-checkpoint OLD.pt NEW.safetensors  an older, pickled checkpoint as data only
     ttlib lab [JUPYTER LAB OPTIONS]                 JupyterLab on the student notebooks, without instructor tools
     ttlib grade release [--check]                   nbgrader student versions of the graded notebooks
     ttlib grade collect ASSIGNMENT FOLDER           a folder of <student>.ipynb into nbgrader's submitted/
