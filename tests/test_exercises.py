@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -78,8 +80,9 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
     for answer in answers:
         assert answer[0] in ids, f"{stem}: no solution cell {answer[0]!r}"
         by_exercise.setdefault(answer[0], []).append(answer)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    scratch = tempfile.mkdtemp(prefix=f"wrong-{stem}-")  # what the answers write (notebook 10: an agent file) lands
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",  # here, never beside nbval's run
+                            resources={"metadata": {"path": scratch}})
     records = []
     with client.setup_kernel(env={**os.environ, "TTLIB_FAST": "1"}):
         for index, cell in enumerate(nb.cells):
@@ -103,6 +106,7 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
                     record["shown"] = error.traceback if hasattr(error, "traceback") else ""
                 records.append(record)
                 client.execute_cell(nbformat.v4.new_code_cell(RESTORE + solution.source), index)  # the right answer
+    shutil.rmtree(scratch, ignore_errors=True)
     return records
 
 

@@ -60,12 +60,14 @@ from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source
 
 from tools.outputs import cpu_hog
 from ttlib.cli import main as cli
+from ttlib.course import challenge
 from ttlib.grading import assignments as grade
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 STUDENT = NOTEBOOKS / "student"
 GRADED = [p.stem for p in grade.graded_notebooks(NOTEBOOKS)]
+BY_CODE = [a for a in GRADED if a != challenge.NOTEBOOK]  # the challenge is graded by return: tests/test_challenge.py
 ATTENTION = "01_attention"
 CHEAP = "02_trajectory_tokenizer"  # the notebook the special cases are graded on
 BEAM = "05_beam_search"
@@ -209,7 +211,7 @@ def last_bug(assignment) -> tuple[str, str]:
 
 
 # "bug" hands in every notebook that has no students of its own with one bug in its last exercise
-BUGGY = [a for a in GRADED if a not in (ATTENTION, CHEAP)]
+BUGGY = [a for a in BY_CODE if a not in (ATTENTION, CHEAP)]
 
 
 def cheap_submissions():
@@ -234,7 +236,7 @@ SPECIAL = [
 
 def expected_points() -> dict[str, dict[str, dict[str, float]]]:
     """{student: {assignment: {test cell: points}}}: what each student should get for each exercise."""
-    full = {a: points(a) for a in GRADED}
+    full = {a: points(a) for a in BY_CODE}
     zero = {a: dict.fromkeys(p, 0.0) for a, p in full.items()}
 
     def losing(assignment, *lost):
@@ -338,13 +340,13 @@ def graded(tmp_path_factory):
     root = tmp / "grading"
     out = {"root": root, "release": run("ttlib", "grade", "release", "--check", env=env, may_fail=True),
            "seconds": {}, "hidden seconds": {}, "downloads": tmp / "downloads", "env": env}
-    for assignment in GRADED:
+    for assignment in BY_CODE:
         folder = tmp / "downloads" / assignment  # what an instructor downloads: one <student>.ipynb each
         folder.mkdir(parents=True)
         for student, nb in submissions(assignment).items():
             nbformat.write(nb, folder / f"{student}.ipynb")
         out[f"collect {assignment}"] = run("ttlib", "grade", "collect", assignment, str(folder), env=env)
-    rest = [a for a in GRADED if a != CHEAP and a not in HOGGED]
+    rest = [a for a in BY_CODE if a != CHEAP and a not in HOGGED]
     for assignments, hogged in (([CHEAP], False), (HOGGED, True), (rest, False)):
         with cpu_hog(os.cpu_count() or 2) if hogged else contextlib.nullcontext():
             lines, logs = autograde(assignments, {**env, **limits(assignments[0])}, root)
@@ -447,13 +449,13 @@ def test_committed_student_versions_are_what_release_generates(graded):
         assert f"notebooks/student/{assignment}.ipynb: up to date" in graded["release"]
 
 
-@pytest.mark.parametrize("assignment", GRADED)
+@pytest.mark.parametrize("assignment", BY_CODE)
 def test_solutions_get_full_marks(graded, assignment):
     total = sum(points(assignment).values())
     assert score(graded, assignment, "solutions") == (total, total)
 
 
-@pytest.mark.parametrize("assignment", GRADED)
+@pytest.mark.parametrize("assignment", BY_CODE)
 def test_every_student_gets_the_expected_points_for_each_exercise(graded, assignment):
     """Each exercise is graded on its own: a one-bug submission loses exactly the exercise with the bug."""
     students = [s for s, by_assignment in EXPECTED.items() if assignment in by_assignment]
@@ -555,7 +557,7 @@ def test_correct_submissions_keep_full_marks_beside_a_cpu_hog_and_a_warning(grad
 
 
 def test_the_autograde_log_warns_only_about_edited_test_cells(graded):
-    logs = "\n".join(graded[f"autograde {a}"] for a in GRADED)
+    logs = "\n".join(graded[f"autograde {a}"] for a in BY_CODE)
     assert "Attribute 'checksum'" not in logs, "nbgrader's warning for every test cell of every student is gone"
     edited = re.findall(r"test cell (\S+) was edited by the student", logs)
     assert edited == ["02-uniform-test"], edited

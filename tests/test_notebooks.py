@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ttlib.agents import critic
-from ttlib.course import checks, viz
+from ttlib.course import challenge, checks, viz
 from ttlib.course import notebooks as course
 from ttlib.data.trajectories import OfflineDataset, discounted_values
 from ttlib.evaluation import rollout
@@ -186,9 +186,13 @@ def test_exercises_are_nbgrader_ready(name):
         meta = grading(cell)
         assert meta["grade"] is False and meta["locked"] is False
         assert cell.source.count("### BEGIN SOLUTION") == cell.source.count("### END SOLUTION") >= 1
+    bands = {band.grade_id for band in challenge.BANDS}  # notebook 10's: decided by the agent's return, not code
     for cell in tests:
         meta = grading(cell)
         assert meta["solution"] is False and meta["locked"] is True and meta["points"] > 0
+        if meta["grade_id"] in bands:
+            assert "challenge.check_band(" in cell.source and re.match(r"# Band \d+ \(\d+ points?\)", cell.source)
+            continue
         assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source
         exercise = EXERCISE_CELL.search(cell.source)
         assert exercise or "from ttlib.course.checks import" in cell.source, \
@@ -205,6 +209,11 @@ def test_exercises_are_nbgrader_ready(name):
         if kind != "test":
             continue
         j = i - 1
+        if grading(nb.cells[i])["grade_id"] in bands:  # a challenge's bands: after its one answer, points stated
+            while order[j][0] == "test":
+                j -= 1
+            assert order[j][0] == "solution", f"the cells before band cell {i}: bands, then the answer"
+            continue
         assert order[j][0] == "solution", f"the cell before test cell {i} is its solution cell"
         while order[j][0] != "markdown":
             j -= 1

@@ -38,7 +38,7 @@ CLAIM = re.compile(r"about (\d+) minutes on 2 CPU cores \(([^)]+)\)")  # the REA
 DOCUMENTED = re.compile(r"^Whole run: (\d+) passed in ([\d,]+) s", re.MULTILINE)  # docs/TESTING.md
 GROUPS = {  # docs/TESTING.md's groups: the first whose pattern matches a test's path
     "notebooks (nbval)": r"^notebooks/",
-    "grading": r"^tests/test_(grading|grading_sandbox|sandbox|idle_clock)\.py",
+    "grading": r"^tests/test_(grading|grading_sandbox|sandbox|idle_clock|challenge)\.py",
     "exercises": r"^tests/test_(exercises|cheats)\.py",
     "distributed": r"^tests/test_(distributed|data_parallel)\.py",
     "browser": r"^tests/test_(browser|lab|colab)\.py",

@@ -14,4 +14,5 @@ NOTEBOOKS = {
     "07_vectorized_rollouts.ipynb": "vectorized rollouts",
     "08_scaling_out_with_ray.ipynb": "scaling out with Ray",
     "09_decision_transformer.ipynb": "Decision Transformer",
+    "10_beat_pbc.ipynb": "the challenge: beat %BC",
 }

@@ -27,6 +27,8 @@ from pathlib import Path
 import nbformat
 from nbgrader.plugins import ExportPlugin
 
+from ttlib.course.challenge import FILE as CHALLENGE_FILE
+from ttlib.course.challenge import NOTEBOOK as CHALLENGE_NOTEBOOK
 from ttlib.course.notebooks import NOTEBOOKS
 from ttlib.errors import TTLibError
 from ttlib.files import atomic_path
@@ -213,7 +215,8 @@ def _read_submission(path: Path):
 
 def collect(course: Course, assignment: str, folder: str | Path) -> dict[str, list[str]]:
     """Copy every <student>.ipynb in `folder` to submitted/<student>/<assignment>/<assignment>.ipynb, where
-    `nbgrader autograde <assignment>` grades it. Checks everything first and copies nothing if anything is wrong.
+    `nbgrader autograde <assignment>` grades it (for the challenge, notebook 10, also <student>.challenge.safetensors,
+    the agent, to challenge.safetensors beside it). Checks everything first and copies nothing if anything is wrong.
     Returns {student: problems}, the test cells each student edited or deleted."""
     known = assignments(course)
     if assignment not in known:
@@ -226,7 +229,10 @@ def collect(course: Course, assignment: str, folder: str | Path) -> dict[str, li
         raise GradingError(f"no folder {folder}: expected a folder holding one <student>.ipynb per student")
     entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
     errors, submissions = [], {}
+    agents = _agent_files(assignment, entries)  # the challenge's: <student>.challenge.safetensors beside the notebook
     for path in entries:
+        if path in agents.values():
+            continue
         if path.is_dir() or path.suffix != ".ipynb":
             errors.append(f"{path.name}: not a notebook; expected only <student>.ipynb files")
         elif not STUDENT_ID.match(path.stem):
@@ -240,14 +246,30 @@ def collect(course: Course, assignment: str, folder: str | Path) -> dict[str, li
         raise GradingError(f"nothing collected from {folder}, fix these first:\n  " + "\n  ".join(errors))
     if not submissions:
         raise GradingError(f"no <student>.ipynb files in {folder}")
+    strays = sorted(student for student in agents if student not in submissions)
+    if strays:
+        raise GradingError(f"nothing collected from {folder}: an agent file without its notebook: "
+                           + ", ".join(agents[s].name for s in strays))
     released = nbformat.read(released_path, as_version=4)
     report = {}
     for student, (path, nb) in submissions.items():
         target = course.submitted(student, assignment)
-        with atomic_path(str(target)) as tmp:
-            shutil.copyfile(path, tmp)  # exactly what the student handed in
+        copies = [(path, target)]
+        if student in agents:
+            copies.append((agents[student], target.parent / CHALLENGE_FILE))
+        for source, to in copies:
+            with atomic_path(str(to)) as tmp:
+                shutil.copyfile(source, tmp)  # exactly what the student handed in
         report[student] = tampering(nb, released)
     return report
+
+
+def _agent_files(assignment: str, entries: list[Path]) -> dict[str, Path]:
+    """{student: their agent file} of the challenge's notebook, <student>.challenge.safetensors; none elsewhere."""
+    suffix = "." + CHALLENGE_FILE
+    if assignment != CHALLENGE_NOTEBOOK:
+        return {}
+    return {p.name[:-len(suffix)]: p for p in entries if p.is_file() and p.name.endswith(suffix)}
 
 
 # ---- export: one row per student ---------------------------------------------------------------------------------

@@ -150,7 +150,23 @@ def shared_settings(coursedir, config, assignment: str) -> Shared:
     others = {k: v for k, v in _files(source, coursedir.ignore).items() if not k.endswith(".ipynb")} \
         if source.is_dir() else {}
     return Shared(assignment, _files(release, coursedir.ignore), others, template_gradebook(gradebook),
-                  dict(config), carried_env(), sorted({str(coursedir.root), os.getcwd()}))
+                  _with_challenge_secret(dict(config), coursedir, assignment), carried_env(),
+                  sorted({str(coursedir.root), os.getcwd()}))
+
+
+def _with_challenge_secret(settings: dict, coursedir, assignment: str) -> dict:
+    """The challenge's secret seeds travel to the workers, whose course folder is a copy without it."""
+    from traitlets.config import Config
+
+    from ttlib.course.challenge import NOTEBOOK
+    from ttlib.grading.challenge import course_secret
+
+    if assignment == NOTEBOOK:
+        execute = Config(settings.get("BoundedExecute") or {})
+        if not execute.get("challenge_seed"):
+            execute.challenge_seed = course_secret(str(coursedir.root))
+        settings["BoundedExecute"] = execute
+    return settings
 
 
 # ---- booking: one process writes the gradebook ---------------------------------------------------------------------

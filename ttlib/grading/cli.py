@@ -1,6 +1,6 @@
 """`ttlib grade`: release the student versions, collect a class's submissions, grade them N at a time (here or on
-a Ray cluster), and say what the sandbox guarantees on this machine. The rest is nbgrader's own commands
-(docs/GRADING.md)."""
+a Ray cluster), rank the challenge's agents, and say what the sandbox guarantees on this machine. The rest is
+nbgrader's own commands (docs/GRADING.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ def add_grade(sub) -> None:
     g.add_argument("--ray", metavar="ADDRESS", default=None, help="grade on the Ray cluster at ADDRESS (host:port, "
                    "ray://host:port, or auto), a task per submission; --jobs then caps the tasks in flight")
     g.add_argument("--force", action="store_true", help="grade every submission again, not only new or changed ones")
+    g = grade_sub.add_parser("leaderboard", help="the challenge's graded agents (notebook 10), best mean return first, "
+                             "as CSV")
+    g.add_argument("--out", default=None, help="write the CSV here (atomically) instead of printing it")
     grade_sub.add_parser("doctor", help="what the grading sandbox guarantees on this machine (Landlock, namespaces)")
     p.set_defaults(func=run)
 
@@ -49,6 +52,10 @@ def run(args):
         raise UnavailableError(f'needs nbgrader ({e}): python -m pip install -e ".[dev]"') from e
 
     course = grade.open_course()
+    if args.action == "leaderboard":
+        from ttlib.grading.challenge import leaderboard
+
+        return leaderboard(course.root, args.out)
     if args.action == "autograde":
         return _autograde(course, args)
     if args.action == "release":

@@ -165,6 +165,10 @@ class BoundedExecute(Execute):
     iopub_timeout = Integer(120, help="seconds on the clock to wait for a cell's last output once the kernel has "
                                       "answered (nbclient waits 4: a busy machine delays it, and nbgrader then "
                                       "stops the notebook)").tag(config=True)
+    challenge_cpu = Float(300.0, help="CPU seconds the challenge's agent file (notebook 10) may take to play its "
+                                      "hidden episodes, and %BC's").tag(config=True)
+    challenge_seed = Integer(0, help="the challenge's secret (its hidden episodes' seeds); 0: the course's own, made "
+                                     "once in <course>/.ttlib/challenge-seed").tag(config=True)
     strip_score_outputs = Bool(True, help="remove from test cells the outputs nbgrader reads as partial credit (this "
                                           "course gives none: a submission could set its own score)").tag(config=True)
 
@@ -236,7 +240,7 @@ class BoundedExecute(Execute):
 
     def _judge(self, nb, resources, student: str):
         """The scan's flags, and the hidden tests' verdicts on the test cells (ttlib.grading.hidden_tests.judge)."""
-        from ttlib.grading import hidden_tests, sandbox
+        from ttlib.grading import challenge, hidden_tests, sandbox
 
         released, b = self._released(resources), self._budgets
         if released is None:
@@ -247,6 +251,8 @@ class BoundedExecute(Execute):
                                 b.memory_bytes), output_bytes=16 * 2**20, threads=self.threads or None)
         run = hidden_tests.judge(nb, released, limits, self._box_protected, b.exercise_cpu,
                                  b.exercise_idle if sandbox.capabilities().idle_clock else None, self.hidden_tests)
+        challenge.decide(nb, resources, self, limits,  # notebook 10's bands, by playing the agent handed in
+                         _env_number("TTLIB_GRADE_CHALLENGE_CPU", self.challenge_cpu))
         flags = nb.metadata["ttlib"]["flags"]
         if flags:
             self.log.warning("ttlib: %s flagged for review: %s", student, "; ".join(flags))
