@@ -158,6 +158,8 @@ def verdicts(graded, student) -> dict[str, str]:
 
 def test_an_agent_that_beats_pbc_earns_every_band_and_one_that_does_not_earns_none(graded):
     assert score(graded, "ada") == sum(POINTS.values()), verdicts(graded, "ada")
+    said = verdicts(graded, "ada")
+    assert all("reached: your agent's mean return on the 20 hidden episodes was" in said[g] for g in POINTS), said
     assert score(graded, "bob") == 0
     said = verdicts(graded, "bob")
     assert all("not reached: your agent's mean return on the 20 hidden episodes was" in said[g] for g in POINTS), said

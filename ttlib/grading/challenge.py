@@ -77,7 +77,21 @@ def decide(nb, resources, executor, limits, cpu_seconds: float) -> None:
     folder = (resources.get("metadata") or {}).get("path")
     verdicts = judge_bands(nb, folder, secret, limits, executor._box_protected, cpu_seconds)
     apply_verdicts(nb, verdicts)
+    _say_reached(nb, verdicts)
     executor.log.info("ttlib: the challenge: %s", nb.metadata.get("ttlib", {}).get("challenge", verdicts))
+
+
+def _say_reached(nb, verdicts: dict[str, str | None]) -> None:
+    """A band reached says so in its cell too (a stream output: never read as a score)."""
+    import nbformat
+
+    played, bands = nb.metadata.get("ttlib", {}).get("challenge"), band_cells(nb)
+    for cell in nb.cells if played else []:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in verdicts and verdicts[grade_id] is None:
+            cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
+                f"Challenge, band \"{bands[grade_id].says}\": reached: your agent's mean return on the "
+                f"{played['episodes']} hidden episodes was {played['return']:.1f}, %BC's {played['pbc']:.1f}\n")))
 
 
 def judge_bands(nb, folder: str | None, secret: int, limits, protected=(), cpu_seconds: float = 300.0
