@@ -28,6 +28,7 @@ from ttlib.data.minari_io import NO_EXPERT_DATASET
 from ttlib.grading import assignments as grade
 from ttlib.grading import challenge as grading
 from ttlib.grading import sandbox
+from ttlib.training.checkpoint_files import read_payload, write_payload
 from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +88,13 @@ def test_an_agent_file_that_cannot_be_played_is_named(tmp_path):
     assert "is not a ttlib checkpoint" in said["error"] and "returns" not in said
     with pytest.raises(challenge.ChallengeError, match="learnt from ttlib/lunarlander/mixed-v0: the challenge is on"):
         challenge.load_agent(default_checkpoint("pbc_lunarlander.safetensors"))
+    payload = read_payload(default_checkpoint(challenge.PBC_CHECKPOINT))
+    payload["model"].pop(sorted(payload["model"])[0])  # a weight missing: the file is the right data's, damaged
+    damaged = tmp_path / "damaged.safetensors"
+    write_payload(str(damaged), payload)
+    with pytest.raises(challenge.ChallengeError, match="damaged.safetensors could not be loaded"):
+        challenge.load_agent(str(damaged))
+    assert "could not be loaded" in play_json(damaged, tmp_path)["error"]
 
 
 # ---- a class graded by nbgrader --------------------------------------------------------------------------------
