@@ -95,6 +95,32 @@ def test_an_agent_file_that_cannot_be_played_is_named(tmp_path):
     with pytest.raises(challenge.ChallengeError, match="damaged.safetensors could not be loaded"):
         challenge.load_agent(str(damaged))
     assert "could not be loaded" in play_json(damaged, tmp_path)["error"]
+    resaved = read_payload(default_checkpoint(IQL))
+    resaved["history"] = {"note": "my own, honest"}  # other bytes, the same weights: still the course's agent
+    write_payload(str(tmp_path / "resaved.safetensors"), resaved)
+    assert challenge.shipped_name(str(tmp_path / "resaved.safetensors")) == IQL
+    assert challenge.shipped_name(str(garbage)) is None
+
+
+def test_a_trajectory_transformer_is_handed_in_with_its_planners_settings(tmp_path):
+    tiny = tmp_path / "tiny.safetensors"
+    done = subprocess.run([sys.executable, "-m", "ttlib", "train", "--dataset", challenge.DATASET, "--out", str(tiny),
+                           "--steps", "2", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-transitions", "2",
+                           "--batch-size", "4", "--eval-every", "2", "--eval-batches", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    agent = tmp_path / challenge.FILE
+    challenge.save_checkpoint(str(tiny), str(agent), beam_width=3, sample_expand=1, horizon=1, value="token")
+    planner = challenge.load_agent(str(agent)).agent.planner
+    assert (planner.beam_width, planner.sample_expand, planner.horizon, planner.value) == (3, 1, 1, "token")
+    before = agent.read_bytes()
+    with pytest.raises(challenge.ChallengeError, match="could not be loaded: no setting beam_wdith"):
+        challenge.save_checkpoint(str(tiny), str(agent), beam_wdith=4)
+    with pytest.raises(challenge.ChallengeError, match="settings are numbers, words or None: horizon is not"):
+        challenge.save_checkpoint(str(tiny), str(agent), horizon=[1, 2])
+    assert agent.read_bytes() == before  # a setting that fails never replaces the agent handed in
+    with pytest.raises(challenge.ChallengeError, match="a bc policy acts without settings: leave out beam_width"):
+        challenge.save_checkpoint(default_checkpoint(challenge.PBC_CHECKPOINT), str(agent), beam_width=3)
 
 
 # ---- a class graded by nbgrader --------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ The rules, as the notebook announces them:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 
@@ -32,8 +32,8 @@ import numpy as np
 from ttlib.errors import TTLibError
 
 __all__ = ["BANDS", "Band", "ChallengeError", "DATASET", "FILE", "HIDDEN_EPISODES", "MAX_BYTES", "NOTEBOOK",
-           "PBC_CHECKPOINT", "PUBLIC_SEEDS", "bands_reached", "check_band", "load_agent", "main", "play_both",
-           "preview", "save_checkpoint", "save_policy", "shipped_name"]
+           "PBC_CHECKPOINT", "PUBLIC_SEEDS", "SETTINGS", "bands_reached", "check_band", "load_agent", "main",
+           "play_both", "preview", "save_checkpoint", "save_policy", "shipped_name"]
 
 DATASET = "ttlib/lunarlander/no-expert-v0"  # the lander without the expert (ttlib.data.NO_EXPERT_DATASET, not imported)
 FILE = "challenge.safetensors"  # your agent, handed in beside your notebook
@@ -42,6 +42,7 @@ PBC_CHECKPOINT = "pbc_no_expert_lunarlander.safetensors"  # the bar: %BC on the 
 PUBLIC_SEEDS = tuple(range(10))  # the episodes `preview` plays; the graded ones are others, and secret
 HIDDEN_EPISODES = 20  # episodes the grader plays, on the course's secret seeds
 MAX_BYTES = 64 * 2**20  # the largest agent file the grader reads
+SETTINGS = "challenge_settings"  # the key of an agent file's JSON that holds what it plays with (save_checkpoint)
 
 
 class ChallengeError(TTLibError, ValueError):
@@ -78,22 +79,53 @@ def save_policy(policy, config, data, history, path: str = FILE) -> str:
     return path
 
 
-def save_checkpoint(checkpoint: str, path: str = FILE) -> str:
+def save_checkpoint(checkpoint: str, path: str = FILE, **settings) -> str:
     """Hand in a checkpoint ttlib wrote (`ttlib train`: a Trajectory Transformer, with its critic if it has one, a
-    Decision Transformer, a BC or IQL policy) as your challenge agent: it is checked, then copied atomically to
-    `path`. Returns `path`."""
-    from ttlib.files import atomic_path
+    Decision Transformer, a BC or IQL policy) as your challenge agent, with the `settings` it is to play with -- what
+    `ttlib evaluate` takes for it: the planner's (PlannerConfig fields and `value`, e.g. beam_width=64, top_k_action=
+    50) for a Trajectory Transformer, `target_return` for a Decision Transformer, none for a policy. It is loaded
+    with them (a setting it does not take is named), then written atomically to `path`, the settings in its JSON.
+    Returns `path`."""
+    import shutil
+    import tempfile
 
-    load_agent(checkpoint)
-    with atomic_path(path) as tmp:
-        shutil.copyfile(checkpoint, tmp)
+    from ttlib.files import atomic_path
+    from ttlib.training.checkpoint_files import read_payload, write_payload
+
+    wrong = sorted(k for k, v in settings.items() if not isinstance(v, (bool, int, float, str, type(None))))
+    if wrong:
+        raise ChallengeError(f"settings are numbers, words or None: {', '.join(wrong)} is not")
+    _checked_payload(checkpoint)  # it exists, is a checkpoint, and learnt from the right data
+    payload = read_payload(checkpoint)
+    payload[SETTINGS] = settings
+    with tempfile.TemporaryDirectory() as folder:  # checked before it replaces the agent you had
+        trial = os.path.join(folder, os.path.basename(path))
+        write_payload(trial, payload)
+        load_agent(trial)
+        with atomic_path(path) as tmp:
+            shutil.copyfile(trial, tmp)
     return path
 
 
 def load_agent(path: str = FILE):
-    """The agent in `path`, ready to play (ttlib.agents.protocol.Loaded), or a ChallengeError saying what is
-    wrong."""
+    """The agent in `path`, ready to play (ttlib.agents.protocol.Loaded) with the settings saved in it, or a
+    ChallengeError saying what is wrong."""
     from ttlib.agents import registry
+
+    payload, name = _checked_payload(path), registry.name_of(path)
+    settings = payload.get(SETTINGS) or {}
+    if not isinstance(settings, dict):
+        raise ChallengeError(f"{path}'s settings are not a table of names and values")
+    if settings and name in ("bc", "iql"):
+        raise ChallengeError(f"a {name} policy acts without settings: leave out {', '.join(sorted(settings))}")
+    try:
+        return registry.load(name, checkpoint=path, **settings)
+    except Exception as error:  # noqa: BLE001 (a damaged checkpoint: one sentence, never a traceback from torch)
+        raise ChallengeError(f"{path} could not be loaded: {error}") from None
+
+
+def _checked_payload(path: str) -> dict:
+    """The JSON of a checkpoint that exists, is not too large, and learnt from the challenge's data."""
     from ttlib.training.checkpoints import read_checkpoint
 
     if not os.path.isfile(path):
@@ -110,10 +142,7 @@ def load_agent(path: str = FILE):
     if trained_on != DATASET:
         raise ChallengeError(f"the agent in {path} learnt from {trained_on}: the challenge is on {DATASET}, the data "
                              "without the expert")
-    try:
-        return registry.load(registry.name_of(path), checkpoint=path)
-    except Exception as error:  # noqa: BLE001 (a damaged checkpoint: one sentence, never a traceback from torch)
-        raise ChallengeError(f"{path} could not be loaded: {error}") from None
+    return payload
 
 
 def _pbc():
@@ -161,20 +190,39 @@ def preview(path: str = FILE, seeds=PUBLIC_SEEDS, plot: bool = True) -> dict:
 _checked: dict = {}  # the train_agent last run, the path it gave, that file's (path, size, mtime) and its preview
 
 
-def shipped_name(path: str = FILE) -> str | None:
-    """The name of the shipped checkpoint `path` is a byte-for-byte copy of, or None."""
+def _weights_digest(path: str) -> str | None:
+    """sha256 of a checkpoint's model weights (names and values), whatever else its JSON holds; None if unreadable."""
     import hashlib
 
+    from ttlib.training.checkpoint_files import read_payload
+
+    try:
+        model = read_payload(path).get("model")
+    except Exception:  # noqa: BLE001 (not a checkpoint: it is no shipped one's copy either)
+        return None
+    if not isinstance(model, dict):
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(model):
+        digest.update(name.encode() + np.ascontiguousarray(np.asarray(model[name].detach().cpu())).tobytes())
+    return digest.hexdigest()
+
+
+def shipped_name(path: str = FILE) -> str | None:
+    """The name of the shipped checkpoint whose weights `path` holds (re-saved or not), or None."""
     from ttlib.training.checkpoints import ASSETS
 
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    for name in sorted(os.listdir(ASSETS)) if os.path.isdir(ASSETS) else []:
-        if name.endswith(".safetensors"):
-            with open(os.path.join(ASSETS, name), "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() == digest:
-                    return name
+    mine = _weights_digest(path)
+    for name in sorted(os.listdir(ASSETS)) if os.path.isdir(ASSETS) and mine else []:
+        shipped = os.path.join(ASSETS, name)
+        if name.endswith(".safetensors") and _shipped_digest(shipped, os.path.getmtime(shipped)) == mine:
+            return name
     return None
+
+
+@functools.lru_cache(maxsize=32)
+def _shipped_digest(path: str, mtime: float) -> str | None:
+    return _weights_digest(path)  # once per file and version: the band cells ask three times
 
 
 def check_band(index: int, train_agent) -> None:

@@ -9,8 +9,8 @@ What a band's points rest on:
   the returns can be ranked (`ttlib grade leaderboard`);
 - the kernel's run decides nothing: every band cell's outputs are replaced by this verdict (hidden_tests
   .apply_verdicts), and the result is kept in the notebook's metadata (`ttlib.challenge`) for the leaderboard;
-- an agent file that is one of the course's own shipped checkpoints, byte for byte, earns nothing: it was not
-  trained by the student.
+- an agent file that holds the weights of one of the course's own shipped checkpoints (re-saved or not) earns
+  nothing: it was not trained by the student.
 """
 
 from __future__ import annotations
