@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 
 import numpy as np
 
@@ -116,7 +117,7 @@ def judge_bands(nb, folder: str | None, secret: int, limits, protected=(), cpu_s
     seeds = secret_seeds(secret)
     box_limits = sandbox.Limits(**{**(limits.__dict__ if limits is not None else {}), "cpu_seconds": cpu_seconds,
                                    "wall_seconds": 4 * cpu_seconds})
-    argv = [os.environ.get("TTLIB_PYTHON", _python()), "-m", "ttlib.course.challenge", "play", FILE, "--seeds",
+    argv = [os.environ.get("TTLIB_PYTHON", sys.executable), "-m", "ttlib.course.challenge", "play", FILE, "--seeds",
             ",".join(map(str, seeds))]
     result = sandbox.run(argv, box_limits, protected=protected, files={FILE: agent}, name="challenge", preload=True)
     said = _last_json(result.stdout)
@@ -160,7 +161,6 @@ def leaderboard(root, out: str | None = None) -> list[dict]:
     """`ttlib grade leaderboard`: the rows as CSV, printed or written atomically to `out`."""
     import csv
     import io
-    import sys
 
     rows = leaderboard_rows(root)
     text = io.StringIO()
@@ -187,9 +187,3 @@ def _last_json(stdout: bytes) -> dict | None:
         if isinstance(said, dict) and ("error" in said or {"returns", "pbc"} <= said.keys()):
             return said
     return None
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
