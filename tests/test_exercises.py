@@ -30,6 +30,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from ttlib.course.notebooks import NOTEBOOKS as NOTEBOOK_LIST
+from ttlib.exercises import find
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -66,6 +67,13 @@ def error_text(error: CellExecutionError) -> str:
     return f"{error.ename}: {error.evalue}"
 
 
+def solution_of(exercise: str) -> str:
+    """The grade_id of the solution cell an exercise checks: its own, or for a graded stage (e.g. 05's 4a) the
+    whole exercise's."""
+    found = find(exercise)
+    return found.cell if found is not None and found.cell else exercise
+
+
 def is_graded_path(cell) -> bool:
     """The cells a test needs: set-up (imports, settings), the exercises and their tests; not the demos."""
     return cell.cell_type == "code" and ("setup" in cell.metadata.get("tags", []) or bool(grade_id(cell)))
@@ -78,7 +86,7 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
     ids = [grade_id(c) for c in nb.cells]
     by_exercise: dict[str, list[tuple]] = {}
     for answer in answers:
-        assert answer[0] in ids, f"{stem}: no solution cell {answer[0]!r}"
+        assert solution_of(answer[0]) in ids, f"{stem}: no solution cell {answer[0]!r}"
         by_exercise.setdefault(answer[0], []).append(answer)
     scratch = tempfile.mkdtemp(prefix=f"wrong-{stem}-")  # what the answers write (notebook 10: an agent file) lands
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",  # here, never beside nbval's run
@@ -92,7 +100,7 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
             exercise = grade_id(cell).removesuffix("-test")
             if not grade_id(cell).endswith("-test") or exercise not in by_exercise:
                 continue
-            solution = nb.cells[ids.index(exercise)]
+            solution = nb.cells[ids.index(solution_of(exercise))]
             for _, why, answer, *says in by_exercise[exercise]:
                 record = {"exercise": exercise, "why": why, "says": says[0] if says else None, "failure": None}
                 try:

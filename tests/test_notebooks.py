@@ -200,7 +200,7 @@ def test_exercises_are_nbgrader_ready(name):
         if exercise:  # the short test cell of ttlib.exercises: the exercise it checks is this cell's, points stated
             checked = getattr(importlib.import_module(f"ttlib.exercises.{exercise['module']}"), exercise["name"])
             assert f"{checked.id}-test" == meta["grade_id"], f"{meta['grade_id']} checks {checked.id}"
-            stated = re.match(r"# Exercise (\d+) \((\d+) points?\)", cell.source)
+            stated = re.match(r"# Exercise (\d+[a-z]?) \((\d+) points?\)", cell.source)  # 4a: a graded stage
             assert stated and stated.groups() == (str(checked.number), f"{meta['points']:g}"), cell.source[:100]
     # each exercise: markdown stating its points, then solution cell(s), then its test cell
     order = [("test", grading(c)["points"]) if grading(c).get("grade") else ("solution", None) if grading(c) else
@@ -214,7 +214,14 @@ def test_exercises_are_nbgrader_ready(name):
                 j -= 1
             assert order[j][0] == "solution", f"the cells before band cell {i}: bands, then the answer"
             continue
+        while order[j][0] == "test":  # the graded stages of one exercise (05's 4a-4c) follow its solution cell
+            j -= 1
         assert order[j][0] == "solution", f"the cell before test cell {i} is its solution cell"
+        if j != i - 1:
+            stage = EXERCISE_CELL.search(nb.cells[i].source)
+            checked = getattr(importlib.import_module(f"ttlib.exercises.{stage['module']}"), stage["name"])
+            solution = grading(nb.cells[j])["grade_id"]
+            assert solution in (checked.cell, checked.id), f"test cell {i} checks {checked.id}, not {solution}"
         while order[j][0] != "markdown":
             j -= 1
         plural = "point" if points == 1 else "points"

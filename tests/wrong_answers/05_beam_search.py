@@ -104,3 +104,22 @@ def beam_search(model, tokenizer, prefix, keys, config, decoder_class=decoders.C
      ("        generated = torch.cat([generated, value_bins[:, None]], dim=1)\n", ""),
      "the shape of the best plans' bins"),
 ]
+
+# exercise 4's graded stages: 4a (stages 1-2) and 4b (stages 1-4) name the mistakes of their stages -- the same
+# answers as 4c's above -- and a loop whose stage is not written yet is told so; mistakes in later stages pass them
+# (tests/test_grading.py's "bug")
+STAGES = {"05-beam-search-actions": ["every action dimension sampled from the same random numbers",
+                                     "the logits not expanded with the rows"],
+          "05-beam-search-scores": ["the value read from the reward's logits (before the reward token is fed)",
+                                    "the score without value_weight", "beams selected by the lowest score"]}
+ANSWERS += [(stage, why, answer, says) for stage, whys in STAGES.items()
+            for grade_id, why, answer, says in ANSWERS if grade_id == "05-beam-search" and why in whys]
+ANSWERS += [
+    ("05-beam-search-actions", "stage 1 not written yet",
+     ("        decoder.expand(X)\n        logits = logits.repeat_interleave(X, dim=0)  # (E*W*X, K)\n",
+      "        raise NotImplementedError()\n"), "not implemented yet"),
+    ("05-beam-search-scores", "the actions right, the reward's expectation taken over the value's bins",
+     ("rewards[:, t] = tokenizer.expectation(torch.softmax(logits, dim=-1), tokenizer.reward_dim)",
+      "rewards[:, t] = tokenizer.expectation(torch.softmax(logits, dim=-1), tokenizer.value_dim)"),
+     "step 0, stage 4: the children's scores"),
+]

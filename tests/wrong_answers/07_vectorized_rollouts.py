@@ -140,3 +140,11 @@ def build_prefix(history, obs_bins, context):
     ("07-vector-rollout", "the next observation never taken", ("        obs = next_obs\n", ""),
      "the actions sent to the environments that play"),
 ]
+
+# exercise 3's first stage (3a, one episode per environment) names the mistakes that show without a second episode
+# -- the same answers as 3b's above; those of the autoreset and the fresh start pass it (3b names them)
+SINGLE = ["random keys from the environment's index, not the episode's seed",
+          "stops when one environment has played its schedule",
+          "the progress bar moved per finished episode, not per step"]
+ANSWERS += [("07-vector-rollout-single", why, answer, says) for grade_id, why, answer, says in ANSWERS
+            if grade_id == "07-vector-rollout" and why in SINGLE]

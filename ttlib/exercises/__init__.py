@@ -80,7 +80,7 @@ class Trial:
 @dataclass
 class Exercise:
     id: str  # nbgrader's grade_id of the exercise's solution cell, e.g. "01-sdpa"
-    number: int  # "Exercise 2"
+    number: int | str  # "Exercise 2" ("4a": a graded stage of exercise 4)
     what: str  # what the learner wrote, for messages: "your attention"
     names: tuple[str, ...]  # the notebook's names that are the answer (functions or classes)
     trial: Callable[[np.random.Generator], Any]  # a random trial: inputs for `run`
@@ -94,6 +94,7 @@ class Exercise:
     trials: int = 5  # visible trials (seeds 0 ..); the hidden ones use other seeds
     hidden_trials: int = 8
     passed: str = ""  # printed when the check passes
+    cell: str = ""  # the grade_id of the solution cell it checks, when that is not `id` (a graded stage of another)
 
     # ---- running an answer ------------------------------------------------------------------------------------
     def outcome(self, answer: Pieces, trial, *, learner: bool = False, strict: bool = False,

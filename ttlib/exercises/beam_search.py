@@ -2,8 +2,11 @@
 beam-search loop on top of them.
 
 The loop is checked step by step against `planning.beam_plan` on small random models in float64 -- the children's
-scores and the kept rows of every step, then every token of the best plans -- with ttlib's sampler, score and
-selection lent to it, so that a mistake in exercises 1-3 never costs exercise 4.
+scores and the kept rows of every step, then every token of the best plans (check 4c) -- with ttlib's sampler, score
+and selection lent to it, so that a mistake in exercises 1-3 never costs exercise 4. Two graded stages come before
+that check, so that the points follow how far the loop is right: 4a its first step's expansion and the actions it
+feeds, 4b then that step's reward token, scores and kept rows -- each judged on what the loop did before a later
+stage, unwritten or wrong, stopped it.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ from __future__ import annotations
 import torch
 
 from ttlib.exercises import Exercise, Mistake
+from ttlib.exercises.refuse import Refused
 from ttlib.model.gpt import GPTConfig, TrajectoryGPT
 from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.planning import beam as planning
 from ttlib.planning import decoders
 
-__all__ = ["EXERCISES", "SWEEP", "children_trial", "run_children", "run_sample", "run_score", "run_search",
-           "sample_trial", "sampling", "score_trial", "scoring", "search_trial", "searching", "selecting",
-           "ttlib_search"]
+__all__ = ["EXERCISES", "EXPAND_AND_SAMPLE", "SWEEP", "children_trial", "first_step", "recording", "run_children",
+           "run_sample", "run_score", "run_search", "sample_trial", "sampling", "score_trial", "scoring",
+           "search_trial", "searching", "searching_actions", "searching_scores", "selecting", "ttlib_search"]
 
 
 # ---- exercise 1: sample_bins -------------------------------------------------------------------------------------
@@ -285,7 +289,7 @@ def _search_with(select_cache=True, gather_generated=True, action_counter=lambda
 
 
 searching = Exercise(
-    id="05-beam-search", number=4, what="your beam_search", names=("beam_search",), trial=search_trial,
+    id="05-beam-search", number="4c", what="your beam_search", names=("beam_search",), trial=search_trial,
     run=run_search, reference={"beam_search": ttlib_search},
     lends={"sample_bins": planning.sample_bins, "plan_score": planning.plan_score,
            "best_children": planning.best_children},
@@ -318,4 +322,84 @@ searching = Exercise(
     ],
 )
 
-EXERCISES = [sampling, scoring, selecting, searching]
+# ---- exercise 4 in graded stages: how far into the first step the loop is right -----------------------------------
+def recording(decoder_class):
+    """decoder_class, noting every call a search makes on it, in order: ("expand", X), ("feed", bins) or
+    ("select", keep). `Recording.last` is the latest decoder made."""
+
+    class Recording(decoder_class):
+        last = None
+
+        def __init__(self, model, prefix, beams_per_env):
+            super().__init__(model, prefix, beams_per_env)
+            self.calls = []
+            Recording.last = self
+
+        def feed(self, bins):
+            self.calls.append(("feed", bins.detach().cpu().clone()))
+            return super().feed(bins)
+
+        def expand(self, children):
+            self.calls.append(("expand", children))
+            return super().expand(children)
+
+        def select(self, keep):
+            self.calls.append(("select", keep.detach().cpu().clone()))
+            return super().select(keep)
+
+    return Recording
+
+
+def first_step(answer, trial, through_scores: bool) -> dict:
+    """The first step of `answer.beam_search` on `trial`, as far as a stage needs it: the decoder's first call and
+    the action bins fed (stages 1-2), then the reward bins fed and the children's scores and kept rows (stages 3-4).
+    A loop whose later stages are not written yet (or fail) is judged on what it did before it stopped."""
+    model, tokenizer, prefix, keys, config, decoder = trial
+    decoder_class, trace, stopped = recording(decoder), [], None
+    torch.manual_seed(0)
+    try:
+        answer.beam_search(model, tokenizer, prefix, keys, config, decoder_class, trace)
+    except Refused:
+        raise
+    except Exception as error:  # noqa: BLE001 (a later stage's error is not this stage's; re-raised if it is)
+        stopped = error
+    calls = decoder_class.last.calls if decoder_class.last is not None else []
+    A = tokenizer.act_dim
+    needed = A + 2 if through_scores else A + 1
+    if len(calls) < needed or (through_scores and not trace):
+        if stopped is not None:
+            raise stopped
+        made = "scores" if through_scores else "actions"
+        raise AssertionError(f"your beam_search ended before the first step's {made} were made: the loop runs "
+                             "`for t in range(H)`, and stage 1 starts it")
+    name, what = calls[0]
+    outputs = {"step 0, stage 1: the decoder's first call": f"{name}({what})" if name == "expand" else name}
+    for a in range(A):
+        outputs[f"step 0, stage 2: the bins fed for action dimension {a}"] = calls[1 + a][1]
+    if through_scores:
+        score, keep = trace[0]
+        outputs["step 0, stage 3: the reward bins fed"] = calls[1 + A][1]
+        outputs["step 0, stage 4: the children's scores"] = score
+        outputs["step 0, stage 4: the kept rows (their scores)"] = score[keep]
+    return outputs
+
+
+def _stage(id, number, through_scores, mistakes, passed):
+    correct = _search_with()  # the notebook's loop with ttlib's pieces, on the recording decoder like the learner's
+    return Exercise(
+        id=id, number=number, what="your beam_search", names=("beam_search",), trial=search_trial,
+        run=lambda answer, trial: first_step(answer, trial, through_scores), reference=correct,
+        lends=searching.lends, forbid=searching.forbid, atol=searching.atol, rtol=searching.rtol, trials=4,
+        hidden_trials=6, passed=passed, cell=searching.id,
+        mistakes=[m for m in searching.mistakes if m.says.startswith(mistakes)])
+
+
+# (a batch tiled instead of repeated shows only from step 1 on, in check 4c: at step 0 the rows hold nothing yet)
+EXPAND_AND_SAMPLE = ("every action dimension", "the logits are not expanded")
+searching_actions = _stage("05-beam-search-actions", "4a", False, EXPAND_AND_SAMPLE,
+                           "stages 1-2 expand the beams and sample ttlib's actions.")
+searching_scores = _stage("05-beam-search-scores", "4b", True, EXPAND_AND_SAMPLE + (
+    "the value is read", "the score leaves out", "the lowest scores"),
+    "stages 1-4 score the children and keep the rows ttlib keeps.")
+
+EXERCISES = [sampling, scoring, selecting, searching_actions, searching_scores, searching]

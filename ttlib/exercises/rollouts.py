@@ -22,8 +22,8 @@ from ttlib.planning import beam as planning
 
 __all__ = ["EXERCISES", "LENT", "PLAN_TRIAL", "ROLLOUT_PLANNER", "StepCounter", "batched_planning", "contexts",
            "contexts_prefix", "contexts_trial", "course", "plan_trial", "recorded_plan_actions", "rollout_loop",
-           "rollout_trial", "run_contexts", "run_plan", "run_rollout", "tiny_model", "trial_envs",
-           "ttlib_build_prefix", "ttlib_encode_transition", "ttlib_plan_actions"]
+           "rollout_loop_single", "rollout_trial", "run_contexts", "run_plan", "run_rollout", "single_episode_trial",
+           "tiny_model", "trial_envs", "ttlib_build_prefix", "ttlib_encode_transition", "ttlib_plan_actions"]
 
 
 @functools.cache
@@ -418,7 +418,7 @@ def _rollout_with(count_autoreset=False, reset_return=True, clear_history=True, 
 
 
 rollout_loop = Exercise(
-    id="07-vector-rollout", number=3, what="your vector_rollout", names=("vector_rollout",), trial=rollout_trial,
+    id="07-vector-rollout", number="3b", what="your vector_rollout", names=("vector_rollout",), trial=rollout_trial,
     run=run_rollout, reference=_rollout_with(),
     lends={**LENT, "plan_actions": recorded_plan_actions},
     forbid=(rollout.evaluate, rollout.play, rollout.record_step, rollout.EpisodeBatch.__init__,
@@ -447,4 +447,22 @@ rollout_loop = Exercise(
     ],
 )
 
-EXERCISES = [contexts, batched_planning, rollout_loop]
+
+
+# ---- exercise 3's first graded stage: one episode per environment ------------------------------------------------
+def single_episode_trial(rng):
+    """rollout_trial's environments with one episode each (or none), still cut at different steps: the lockstep
+    loop -- who plays, one planning call, the step, the returns, the bar -- without a second episode, so without
+    an autoreset that starts one."""
+    model, schedule, limits = rollout_trial(rng)
+    return model, [seeds[:1] for seeds in schedule], limits
+
+
+rollout_loop_single = Exercise(
+    id="07-vector-rollout-single", number="3a", what="your vector_rollout", names=rollout_loop.names,
+    trial=single_episode_trial, run=run_rollout, reference=rollout_loop.reference, lends=rollout_loop.lends,
+    forbid=rollout_loop.forbid, atol=rollout_loop.atol, rtol=rollout_loop.rtol, trials=2, hidden_trials=3,
+    passed="your loop plays one episode per environment as ttlib's does.", mistakes=rollout_loop.mistakes,
+    cell=rollout_loop.id)
+
+EXERCISES = [contexts, batched_planning, rollout_loop_single, rollout_loop]
