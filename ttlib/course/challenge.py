@@ -32,13 +32,14 @@ import numpy as np
 from ttlib.errors import TTLibError
 
 __all__ = ["BANDS", "Band", "ChallengeError", "DATASET", "FILE", "HIDDEN_EPISODES", "MAX_BYTES", "NOTEBOOK",
-           "PBC_CHECKPOINT", "PUBLIC_SEEDS", "SETTINGS", "bands_reached", "check_band", "load_agent", "main",
-           "play_both", "preview", "save_checkpoint", "save_policy", "shipped_name"]
+           "PBC_CHECKPOINT", "PUBLIC_SEEDS", "SETTINGS", "TT_CHECKPOINT", "bands_reached", "check_band", "load_agent",
+           "main", "play_both", "preview", "save_checkpoint", "save_policy", "shipped_name"]
 
 DATASET = "ttlib/lunarlander/no-expert-v0"  # the lander without the expert (ttlib.data.NO_EXPERT_DATASET, not imported)
 FILE = "challenge.safetensors"  # your agent, handed in beside your notebook
 NOTEBOOK = "10_beat_pbc"  # the notebook (and nbgrader assignment) of the challenge
 PBC_CHECKPOINT = "pbc_no_expert_lunarlander.safetensors"  # the bar: %BC on the best 10% of the episodes (assets/)
+TT_CHECKPOINT = "tt_no_expert_lunarlander.safetensors"  # the course's Trajectory Transformer (and critic) on it
 PUBLIC_SEEDS = tuple(range(10))  # the episodes `preview` plays; the graded ones are others, and secret
 HIDDEN_EPISODES = 20  # episodes the grader plays, on the course's secret seeds
 MAX_BYTES = 64 * 2**20  # the largest agent file the grader reads
