@@ -11,6 +11,8 @@ stage, unwritten or wrong, stopped it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ttlib.exercises import Exercise, Mistake
@@ -385,12 +387,11 @@ def first_step(answer, trial, through_scores: bool) -> dict:
 
 
 def _stage(id, number, through_scores, mistakes, passed):
-    correct = _search_with()  # the notebook's loop with ttlib's pieces, on the recording decoder like the learner's
-    return Exercise(
-        id=id, number=number, what="your beam_search", names=("beam_search",), trial=search_trial,
-        run=lambda answer, trial: first_step(answer, trial, through_scores), reference=correct,
-        lends=searching.lends, forbid=searching.forbid, atol=searching.atol, rtol=searching.rtol, trials=4,
-        hidden_trials=6, passed=passed, cell=searching.id,
+    """Exercise 4 checked as far as a stage: the notebook's loop with ttlib's pieces as reference (it runs on the
+    recording decoder, like the learner's), fewer trials, and the mistakes that show by then."""
+    return dataclasses.replace(
+        searching, id=id, number=number, run=lambda answer, trial: first_step(answer, trial, through_scores),
+        reference=_search_with(), trials=4, hidden_trials=6, passed=passed, cell=searching.id,
         mistakes=[m for m in searching.mistakes if m.says.startswith(mistakes)])
 
 

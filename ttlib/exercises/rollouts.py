@@ -9,6 +9,7 @@ and return, and the steps it reported to the progress bar.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import gymnasium as gym
@@ -448,7 +449,6 @@ rollout_loop = Exercise(
 )
 
 
-
 # ---- exercise 3's first graded stage: one episode per environment ------------------------------------------------
 def single_episode_trial(rng):
     """rollout_trial's environments with one episode each (or none), still cut at different steps: the lockstep
@@ -458,11 +458,8 @@ def single_episode_trial(rng):
     return model, [seeds[:1] for seeds in schedule], limits
 
 
-rollout_loop_single = Exercise(
-    id="07-vector-rollout-single", number="3a", what="your vector_rollout", names=rollout_loop.names,
-    trial=single_episode_trial, run=run_rollout, reference=rollout_loop.reference, lends=rollout_loop.lends,
-    forbid=rollout_loop.forbid, atol=rollout_loop.atol, rtol=rollout_loop.rtol, trials=2, hidden_trials=3,
-    passed="your loop plays one episode per environment as ttlib's does.", mistakes=rollout_loop.mistakes,
-    cell=rollout_loop.id)
+rollout_loop_single = dataclasses.replace(
+    rollout_loop, id="07-vector-rollout-single", number="3a", trial=single_episode_trial, trials=2, hidden_trials=3,
+    passed="your loop plays one episode per environment as ttlib's does.", cell=rollout_loop.id)
 
 EXERCISES = [contexts, batched_planning, rollout_loop_single, rollout_loop]
