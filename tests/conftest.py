@@ -86,4 +86,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     run = suite_time.record(time.monotonic() - started, len(terminalreporter.stats.get("passed", [])), load)
     if exitstatus == 0 and run["passed"]:
         config.cache.set(suite_time.CACHE_KEY, run)
-    terminalreporter.write_line(suite_time.verdict(run, suite_time.readme_claim()[0])[1])
+    terminalreporter.write_line(suite_time.verdict(run, *suite_time.readme_claim())[1])

@@ -11,8 +11,9 @@ that run down by group (`--durations=0`). Three things keep the figure from drif
 - CI runs `python -m tools.suite_time --check` right after the command, on a fresh clone: the run it just
   recorded, judged the same way, fails CI when the README is off by more than FACTOR either way.
 
-A run on more or fewer cores, or one that started beside other work (load average >= QUIET_LOAD), is recorded and
-printed but not judged: its time says nothing about the README's machine, and failing it would fail honest code.
+A run on more or fewer cores, on another CPU than the README names, or one that started beside other work (load
+average >= QUIET_LOAD), is recorded and printed but not judged: its time says nothing about the README's machine,
+and failing it would fail honest code.
 
     python -m tools.suite_time --check             # judge the last recorded run (exit 1 when off)
     python -m tools.suite_time --table run.txt     # docs/TESTING.md's table from a --durations=0 run's output
@@ -90,19 +91,29 @@ def record(seconds: float, passed: int, load_at_start: float) -> dict:
             "load_at_start": round(load_at_start, 2), "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
-def judged(run: dict) -> bool:
-    """Whether a run's time can be compared with the README's: the README's kind of machine, quiet at the start."""
-    return run.get("cores") == CORES and run.get("load_at_start", math.inf) < QUIET_LOAD
+def same_cpu(model_name: str, stated_cpu: str) -> bool:
+    """Whether /proc/cpuinfo's model name ("AMD EPYC") is the CPU the README names ("AMD EPYC Zen 3")."""
+    def words(name: str) -> str:
+        return " ".join(re.sub(r"\((R|TM)\)|\bprocessor\b|,", " ", name, flags=re.IGNORECASE).lower().split())
+    model, stated = words(model_name), words(stated_cpu)
+    return bool(model) and (model in stated or stated in model)
 
 
-def verdict(run: dict, stated_minutes: int) -> tuple[bool, str]:
+def judged(run: dict, stated_cpu: str) -> bool:
+    """Whether a run's time can be compared with the README's: the README's kind of machine (its cores and its
+    CPU: another CPU is faster or slower by a factor of its own), quiet at the start."""
+    return (run.get("cores") == CORES and same_cpu(run.get("cpu", ""), stated_cpu)
+            and run.get("load_at_start", math.inf) < QUIET_LOAD)
+
+
+def verdict(run: dict, stated_minutes: int, stated_cpu: str) -> tuple[bool, str]:
     """(ok, the line the summary prints): the run beside the README's figure."""
     ratio = run["seconds"] / (stated_minutes * 60)
     line = (f"the whole run: {run['seconds']:.0f} s ({run['seconds'] / 60:.1f} min, {run['passed']} passed) on "
             f"{run['cores']} x {run['cpu']}, load {run['load_at_start']:g} at the start; the README says about "
-            f"{stated_minutes} minutes: {ratio:.2f}x")
-    if not judged(run):
-        return True, line + f" (not judged: only a quiet {CORES}-core run is)"
+            f"{stated_minutes} minutes on {stated_cpu}: {ratio:.2f}x")
+    if not judged(run, stated_cpu):
+        return True, line + f" (not judged: only a quiet run on {CORES} cores of the README's CPU is)"
     ok = 1 / FACTOR <= ratio <= FACTOR
     return ok, line + ("" if ok else f" -- more than {FACTOR:g}x off: measure again and update the README's line "
                                      "and docs/TESTING.md")
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         if run is None:
             print("no whole run recorded: run the README's test command first", file=sys.stderr)
             return 1
-        ok, line = verdict(run, readme_claim()[0])
+        ok, line = verdict(run, *readme_claim())
         print(line)
         return 0 if ok else 1
     return 0
