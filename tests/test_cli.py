@@ -12,6 +12,7 @@ import typing
 
 import numpy as np
 import pytest
+import torch
 from commands import in_process, one_line_error, ttlib  # tests/ is on sys.path
 
 from ttlib.bench.decoding import PRESETS, random_model
@@ -140,6 +141,43 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["planner"]["value"] == "critic" and out["planner"]["horizon"] == 1 and out["steps"] == 10
+
+
+def test_the_default_checkpoint_follows_the_dataset(capsys):
+    """`ttlib evaluate --dataset ID` plays the Trajectory Transformer shipped for that dataset, with its critic:
+    the same episodes as naming its file; a checkpoint of another dataset, or a dataset nothing is shipped for,
+    is refused by name."""
+    from ttlib.cli.main import main
+    from ttlib.course import challenge
+    from ttlib.training.checkpoints import SHIPPED_TT, default_checkpoint
+
+    assert SHIPPED_TT[challenge.DATASET] == challenge.TT_CHECKPOINT  # notebook 10 plays the same file
+    short = ["--episodes", "2", "--max-steps", "8", "--json"]
+    reports = []
+    for how in (["--dataset", ttdata.NO_EXPERT_DATASET], ["--checkpoint", default_checkpoint(challenge.TT_CHECKPOINT)]):
+        assert main(["evaluate", *how, *short]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    by_dataset, by_file = reports
+    assert by_dataset["planner"]["value"] == "critic" and by_dataset["steps"] == 16
+    assert by_dataset["returns"] == by_file["returns"] and by_dataset["weights"] == by_file["weights"]
+    assert by_dataset["dataset_mean_return"] == by_file["dataset_mean_return"] != json.loads(
+        in_process("evaluate", *short).stdout)["dataset_mean_return"]  # the course dataset's, without --dataset
+    course_tt = ["--checkpoint", default_checkpoint(), "--dataset", ttdata.NO_EXPERT_DATASET, "--episodes", "1"]
+    one_line_error(in_process("evaluate", *course_tt),
+                   f"trained on {ttdata.DEFAULT_DATASET}, not {ttdata.NO_EXPERT_DATASET}")
+    one_line_error(in_process("evaluate", "--model", "dt", "--dataset", ttdata.NO_EXPERT_DATASET, "--episodes", "1"),
+                   f"no checkpoint is shipped for {ttdata.NO_EXPERT_DATASET}", "ttlib train --model dt --dataset")
+
+
+def test_iql_on_the_data_without_the_expert_extracts_from_the_critic_shipped_for_it():
+    from ttlib.agents.baselines import critic_for
+    from ttlib.agents.critic import load_critic
+    from ttlib.training.checkpoints import SHIPPED_TT, default_checkpoint
+
+    shipped = load_critic(default_checkpoint(SHIPPED_TT[ttdata.NO_EXPERT_DATASET]), device="cpu")
+    extracted = critic_for(None, ttdata.NO_EXPERT_DATASET)
+    assert extracted is not None and all(torch.equal(a, b) for a, b in zip(
+        extracted.state_dict().values(), shipped.state_dict().values(), strict=True))
 
 
 def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(monkeypatch, capsys):

@@ -222,8 +222,8 @@ def trained_policy(config: PolicyConfig, dataset_id: str | None = None, critic: 
                    progress: bool = True):
     """-> (policy, config, the dataset's summary, history): a baseline trained now with `config`, as `ttlib train
     --model bc|iql` and `ttlib evaluate --model bc|iql` (without a checkpoint) ask, on `dataset_id` (default: the
-    course dataset). `critic`: a checkpoint holding the critic IQL's policy is extracted from (default: the shipped
-    checkpoint's, for the course dataset)."""
+    course dataset). `critic`: a checkpoint holding the critic IQL's policy is extracted from (default: the critic
+    shipped for that dataset, critic_for)."""
     from ttlib.training.checkpoints import dataset_summary
 
     dataset_id = dataset_id or ttdata.DEFAULT_DATASET
@@ -235,17 +235,16 @@ def trained_policy(config: PolicyConfig, dataset_id: str | None = None, critic: 
 
 
 def critic_for(path: str | None, dataset_id: str):
-    """The critic IQL's policy is extracted from: the one in `path`, or the shipped checkpoint's if it is of this
-    data."""
+    """The critic IQL's policy is extracted from: the one in `path`, or the one shipped for this data."""
     from ttlib.agents.critic import load_critic
-    from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
+    from ttlib.training.checkpoints import SHIPPED_TT, default_checkpoint, read_checkpoint
 
     if path is None:
-        path = default_checkpoint()
-        if read_checkpoint(path)["dataset"]["id"] != dataset_id:
+        if dataset_id not in SHIPPED_TT:
             raise BaselineError(f"--model iql on {dataset_id}: give --critic CKPT, a checkpoint with a critic "
                                 "of that dataset (`ttlib train --dataset ... --out CKPT` then `ttlib train-critic "
-                                "--checkpoint CKPT`); the shipped one's is of the course dataset")
+                                f"--checkpoint CKPT`); critics are shipped for {', '.join(SHIPPED_TT)} only")
+        path = default_checkpoint(SHIPPED_TT[dataset_id])
     payload = read_checkpoint(path, kind=None)
     if payload["dataset"]["id"] != dataset_id:
         raise BaselineError(f"the critic in {path} was trained on {payload['dataset']['id']}, not {dataset_id}")

@@ -56,10 +56,12 @@ from ttlib.training.checkpoints import (
 from ttlib.training.train import RunConfig, fit, keep_best, load_and_split, start_training
 
 __all__ = ["COURSE_CHECKPOINT", "DTAgent", "DTConfig", "DTTrainConfig", "DTTrainResult", "DecisionTransformer", "KIND",
-           "Windows", "default_target", "evaluate", "interleave", "load_checkpoint", "returns_to_go", "train"]
+           "SHIPPED", "Windows", "default_target", "evaluate", "interleave", "load_checkpoint", "returns_to_go",
+           "train"]
 
 KIND = "decision-transformer"  # the `kind` of a DT checkpoint (a Trajectory GPT's is "trajectory-gpt")
 COURSE_CHECKPOINT = "dt_lunarlander.safetensors"  # the shipped Decision Transformer for the course dataset
+SHIPPED = {ttdata.DEFAULT_DATASET: COURSE_CHECKPOINT}  # dataset id -> the Decision Transformer shipped for it
 
 
 @dataclass

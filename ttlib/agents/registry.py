@@ -24,7 +24,7 @@ from ttlib.agents.protocol import Loaded
 from ttlib.errors import ConfigError, MismatchError
 from ttlib.evaluation.rollout import PlannerAgent
 from ttlib.planning.beam import PlannerConfig, course_planner, critic_planner, imitation_planner
-from ttlib.training.checkpoints import default_checkpoint, load_checkpoint, read_checkpoint, weights_info
+from ttlib.training.checkpoints import load_checkpoint, read_checkpoint, shipped_checkpoint, weights_info
 
 __all__ = ["AGENTS", "Entry", "load", "load_baseline", "load_dt", "load_tt", "name_of", "options_of", "planner_for",
            "training_seconds", "weights_words"]
@@ -72,11 +72,22 @@ def planner_for(critic, payload: dict | None = None, value: str | None = None, *
     return planner
 
 
-def load_tt(checkpoint: str | None = None, device: str = "auto", which: str = "best", **planner) -> Loaded:
-    """The planner on a Trajectory GPT checkpoint (default: the shipped one) and its critic, if it has one.
-    `planner`: PlannerConfig fields, `value` choosing the preset the others change (planner_for)."""
-    path = checkpoint or default_checkpoint()
+def _trained_on(path: str, payload: dict, dataset: str | None) -> None:
+    """A checkpoint asked to play `dataset` (--dataset beside --checkpoint) was trained on it, or a MismatchError."""
+    trained_on = payload["dataset"].get("id")
+    if dataset is not None and trained_on != dataset:
+        raise MismatchError(f"{path} was trained on {trained_on}, not {dataset}: leave out --dataset, or give a "
+                            "checkpoint trained on it")
+
+
+def load_tt(checkpoint: str | None = None, device: str = "auto", which: str = "best", dataset: str | None = None,
+            **planner) -> Loaded:
+    """The planner on a Trajectory GPT checkpoint (default: the one shipped for `dataset`, the course dataset if
+    none) and its critic, if it has one. `planner`: PlannerConfig fields, `value` choosing the preset the others
+    change (planner_for)."""
+    path = checkpoint or shipped_checkpoint(dataset)
     model, tokenizer, payload = load_checkpoint(path, device=device, which=which)
+    _trained_on(path, payload, dataset)
     critic = load_critic(path, device=device, payload=payload)
     planner = planner_for(critic, payload, **planner)
     weights = weights_info(payload, which)
@@ -88,11 +99,13 @@ def load_tt(checkpoint: str | None = None, device: str = "auto", which: str = "b
 
 
 # ---- the Decision Transformer ----------------------------------------------------------------------------------
-def load_dt(checkpoint: str | None = None, device: str = "auto", which: str = "best",
+def load_dt(checkpoint: str | None = None, device: str = "auto", which: str = "best", dataset: str | None = None,
             target_return: float | None = None) -> Loaded:
-    """A Decision Transformer checkpoint (default: the shipped one) asking for `target_return` (default: its
-    dataset's expert reference score)."""
-    model, payload = dt.load_checkpoint(checkpoint, device=device, which=which)
+    """A Decision Transformer checkpoint (default: the one shipped for `dataset`, the course dataset if none)
+    asking for `target_return` (default: its dataset's expert reference score)."""
+    path = checkpoint or shipped_checkpoint(dataset, dt.SHIPPED, "ttlib train --model dt")
+    model, payload = dt.load_checkpoint(path, device=device, which=which)
+    _trained_on(path, payload, dataset)
     info = payload["dataset"]
     target = target_return if target_return is not None else dt.default_target(info)
     weights = weights_info(payload, which)

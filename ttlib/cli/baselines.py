@@ -3,7 +3,8 @@
     ttlib evaluate --model bc --episodes 60                   BC on every episode of the course dataset
     ttlib evaluate --model bc --top-percent 25 --episodes 60  %BC: the best quarter of the episodes
     ttlib evaluate --model iql --episodes 60                  IQL's policy (AWR) on the shipped checkpoint's critic
-    ttlib evaluate --model bc --dataset ID ...                on another dataset; --critic CKPT for iql there
+    ttlib evaluate --model bc --dataset ID ...                on another dataset (iql: on the critic shipped for it,
+                                                              or --critic CKPT)
     ttlib train --model bc --top-percent 25 --out runs/pbc.safetensors a checkpoint, for `ttlib evaluate --checkpoint`
 
 Without --checkpoint, `evaluate` trains the baseline first (seconds on a CPU) with the seed given by --train-seed,
@@ -26,13 +27,11 @@ def add_baseline_options(p, evaluate: bool) -> None:
     """The options the baselines add to `ttlib train` (evaluate=False: PolicyConfig's fields are among its
     train_configs) or `ttlib evaluate`."""
     p.add_argument("--critic", default=None, help="iql: a checkpoint holding the critic to extract the policy "
-                   "from (`ttlib train-critic`; default: the shipped checkpoint's, for the course dataset)")
-    if evaluate:  # `ttlib train` has --dataset already (train.RunConfig)
+                   "from (`ttlib train-critic`; default: the one shipped for the dataset)")
+    if evaluate:  # (--dataset: `ttlib train`'s is train.RunConfig's, `ttlib evaluate`'s its own)
         from ttlib.agents.baselines import PolicyConfig
 
         group = p.add_argument_group("a baseline trained now (--model bc or iql without --checkpoint)")
-        group.add_argument("--dataset", default=None, help="the dataset to learn from (default: the course "
-                           "dataset)")
         add_config_options(group, {"bc/iql": PolicyConfig()}, skip=("kind",), names=POLICY_NAMES)
 
 
@@ -69,13 +68,14 @@ def check_evaluate_args(args, planning: list[str]) -> None:
     from ttlib.agents.baselines import PolicyConfig
 
     training = sorted(given_options(args, [PolicyConfig()], POLICY_NAMES)) + [
-        name for name, value in (("--dataset", args.dataset), ("--critic", args.critic)) if value is not None]
+        name for name, value in (("--critic", args.critic),) if value is not None]
     if args.model in BASELINES:
         others = planning + [name for name, value in (("--workers", args.workers),
                                                       ("--target-return", args.target_return)) if value is not None]
         if others:
             raise ConfigError(f"--model {args.model} acts without planning, in one process: leave out "
                               f"{', '.join(others)}")
+        training += ["--dataset"] if args.dataset is not None else []
         if args.checkpoint and training:
             raise ConfigError(f"{', '.join(training)} say how to train a baseline; a --checkpoint holds one trained "
                               "already")

@@ -143,7 +143,10 @@ def add_evaluate(sub) -> None:
     from ttlib.agents.registry import AGENTS
 
     p = sub.add_parser("evaluate", help="plan with a checkpoint in its environment")
-    p.add_argument("--checkpoint", help="default: the shipped course checkpoint")
+    p.add_argument("--checkpoint", help="default: the one shipped for --dataset")
+    p.add_argument("--dataset", default=None, help="tt, dt: play the checkpoint shipped for this dataset (with "
+                   "--checkpoint: check that it was trained on it); bc, iql: learn from it now (default: the course "
+                   "dataset)")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (then +1, +2, ...)")
     p.add_argument("--sequential", action="store_true", help="one episode at a time instead of vectorized")

@@ -23,12 +23,16 @@ from ttlib.model.tokenizer import TrajectoryTokenizer
 from ttlib.training.checkpoint_files import CHECKPOINT_FORMAT, CheckpointError, read_payload, write_payload
 
 __all__ = ["ASSETS", "COURSE_CHECKPOINT", "DATASET_TYPES", "FIELD_TYPES", "REQUIRED", "REQUIRED_BY_KIND", "RESUMABLE",
-           "WHICH", "check_fields", "check_resume", "checkpoint_weights", "dataset_summary", "default_checkpoint",
-           "export_checkpoint", "from_fields", "load_checkpoint", "load_weights", "pick_device", "read_checkpoint",
-           "save_checkpoint", "weights_info"]
+           "SHIPPED_TT", "WHICH", "check_fields", "check_resume", "checkpoint_weights", "dataset_summary",
+           "default_checkpoint", "export_checkpoint", "from_fields", "load_checkpoint", "load_weights", "pick_device",
+           "read_checkpoint", "save_checkpoint", "shipped_checkpoint", "weights_info"]
 
 ASSETS = os.environ.get("TTLIB_ASSETS", str(Path(__file__).resolve().parents[2] / "assets"))
 COURSE_CHECKPOINT = "tt_lunarlander.safetensors"  # the shipped Trajectory GPT for the course dataset
+SHIPPED_TT = {  # dataset id -> the Trajectory GPT (with its critic) shipped for it: what `--dataset ID` plays
+    ttdata.DEFAULT_DATASET: COURSE_CHECKPOINT,
+    ttdata.NO_EXPERT_DATASET: "tt_no_expert_lunarlander.safetensors",  # challenge.TT_CHECKPOINT (notebook 10)
+}
 WHICH = ("best", "last")  # the models a checkpoint holds: the best evaluation's, the last step's
 
 # Settings a resumed run may change: how long it runs, where, and how often it checks itself. Every other one
@@ -123,6 +127,18 @@ def default_checkpoint(name: str = COURSE_CHECKPOINT) -> str:
         raise CheckpointError(f"shipped checkpoint {name} not found in {ASSETS}: run from a clone of the course "
                               f"repository, set TTLIB_ASSETS, or train one with `ttlib train`")
     return path
+
+
+def shipped_checkpoint(dataset_id: str | None = None, shipped: dict[str, str] = SHIPPED_TT,
+                       train: str = "ttlib train") -> str:
+    """Path of the checkpoint shipped for `dataset_id` (default: the course dataset) among `shipped` (dataset id ->
+    file in assets/); for a dataset with none, a CheckpointError that says how to train one (`train`: the command)."""
+    dataset_id = dataset_id or ttdata.DEFAULT_DATASET
+    if dataset_id not in shipped:
+        raise CheckpointError(f"no checkpoint is shipped for {dataset_id} (only for {', '.join(shipped)}): train "
+                              f"one with `{train} --dataset {dataset_id} --out runs/model.safetensors` and pass it "
+                              "with --checkpoint")
+    return default_checkpoint(shipped[dataset_id])
 
 
 def read_checkpoint(path: str, kind: str | None = "trajectory-gpt") -> dict:
