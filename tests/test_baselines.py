@@ -213,6 +213,10 @@ def test_train_and_evaluate_a_baseline_from_the_command_line(minari_root, tmp_pa
     (["evaluate", "--top-percent", "25"], "--top-percent: for the baselines only (--model bc or iql)"),
     (["evaluate", "--model", "bc", "--beta", "3"], "--beta weighs IQL's advantages"),
     (["evaluate", "--model", "iql", "--dataset", ttdata.HALFCHEETAH_DATASET], "give --critic CKPT"),
+    (["evaluate", "--model", "bc", "--checkpoint", "pbc.safetensors", "--dataset", ttdata.NO_EXPERT_DATASET],
+     "--dataset says how to train a baseline; a --checkpoint holds one trained already"),
+    (["evaluate", "--model", "iql", "--checkpoint", "iql.safetensors", "--critic", "c.safetensors", "--beta", "3"],
+     "--beta, --critic say how to train a baseline"),
     (["train", "--model", "bc", "--n-layer", "2", "--out", "x.pt"], "--model bc has no option --n-layer"),
     (["train", "--critic", "x.pt", "--out", "x.pt"], "--critic and --beta are for --model iql"),
 ])

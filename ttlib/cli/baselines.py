@@ -77,8 +77,9 @@ def check_evaluate_args(args, planning: list[str]) -> None:
                               f"{', '.join(others)}")
         training += ["--dataset"] if args.dataset is not None else []
         if args.checkpoint and training:
-            raise ConfigError(f"{', '.join(training)} say how to train a baseline; a --checkpoint holds one trained "
-                              "already")
+            verb = "says" if len(training) == 1 else "say"
+            raise ConfigError(f"{', '.join(training)} {verb} how to train a baseline; a --checkpoint holds one "
+                              "trained already")
     elif training:
         raise ConfigError(f"{', '.join(training)}: for the baselines only (--model bc or iql)")
     elif args.model == "dt" and planning:
