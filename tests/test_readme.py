@@ -57,6 +57,7 @@ def test_a_run_far_from_the_readmes_minutes_is_judged_off():
     assert "more than 1.5x off" in suite_time.verdict(run, 5, zen3)[1]
     assert suite_time.verdict({**run, "cores": 16}, 5, zen3)[0]
     assert suite_time.verdict({**run, "load_at_start": 4}, 5, zen3)[0]
+    assert not suite_time.verdict({**run, "cpu": "AMD EPYC 7B13"}, 5, zen3)[0]  # the same family, another name
     xeon = {**run, "cpu": "Intel(R) Xeon(R) Processor"}
     assert suite_time.verdict(xeon, 5, zen3)[0] and not suite_time.verdict(xeon, 5, "Intel Xeon")[0]
     assert "not judged" in suite_time.verdict(xeon, 5, zen3)[1]

@@ -92,11 +92,12 @@ def record(seconds: float, passed: int, load_at_start: float) -> dict:
 
 
 def same_cpu(model_name: str, stated_cpu: str) -> bool:
-    """Whether /proc/cpuinfo's model name ("AMD EPYC") is the CPU the README names ("AMD EPYC Zen 3")."""
-    def words(name: str) -> str:
-        return " ".join(re.sub(r"\((R|TM)\)|\bprocessor\b|,", " ", name, flags=re.IGNORECASE).lower().split())
-    model, stated = words(model_name), words(stated_cpu)
-    return bool(model) and (model in stated or stated in model)
+    """Whether /proc/cpuinfo's model name ("AMD EPYC", "AMD EPYC 7B13") is of the CPU family the README names ("AMD
+    EPYC Zen 3"): the same maker and family, its first two words ("Intel(R) Xeon(R) Processor" is not)."""
+    def family(name: str) -> list[str]:
+        return re.sub(r"\((R|TM)\)|,", " ", name, flags=re.IGNORECASE).lower().split()[:2]
+    model = family(model_name)
+    return len(model) == 2 and model == family(stated_cpu)
 
 
 def judged(run: dict, stated_cpu: str) -> bool:
