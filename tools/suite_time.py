@@ -7,9 +7,11 @@ that run down by group (`--durations=0`). Three things keep the figure from drif
   (`.pytest_cache`: seconds on the clock, CPU, cores, the load average when it started), and its summary prints
   the comparison with the README's figure;
 - tests/test_readme.py asserts that the README's minutes are docs/TESTING.md's measured run, and that the last
-  recorded run on a machine like the README's (2 cores, quiet when it started) is within FACTOR of them;
-- CI runs `python -m tools.suite_time --check` right after the command, on a fresh clone: the run it just
-  recorded, judged the same way, fails CI when the README is off by more than FACTOR either way.
+  recorded run on a machine like the README's (2 cores of its CPU family, quiet when it started) is within FACTOR
+  of them;
+- CI runs `python -m tools.suite_time --check` right after the command, on a fresh clone, and prints the run it
+  just recorded beside the README's figure, judged the same way (printed, not enforced: CI's machine is not
+  always the README's).
 
 A run on more or fewer cores, on another CPU than the README names, or one that started beside other work (load
 average >= QUIET_LOAD), is recorded and printed but not judged: its time says nothing about the README's machine,
