@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ttlib.data import trajectories as ttdata
-from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT
+from ttlib.errors import ConfigError
+from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT, smoothed_targets
 from ttlib.training.best_model import BestModel
 from ttlib.training.checkpoint_files import CheckpointError
 from ttlib.training.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
@@ -71,6 +72,33 @@ def test_the_kinds_losses_add_up_to_the_training_loss():
     _, loss = model(bins[:, :-1], bins[:, 1:], mask)
     torch.testing.assert_close((sums[0] * weights).sum() / mask.sum(), loss)
     assert model.target_kinds(7).tolist() == [0, 0, 1, 1, 2, 3, 0]  # obs 1, 2, act 0, 1, reward, value, next obs 0
+
+
+def test_action_smoothing_spreads_only_the_action_targets_and_only_in_training():
+    """action_smoothing s: in training, an action target's cross-entropy is against a Gaussian of std s bins around
+    its bin (cut at the ends, summing to 1); other targets, and every target in evaluation, keep their bin alone."""
+    torch.manual_seed(0)
+    config = dict(obs_dim=3, act_dim=2, n_bins=20, n_layer=1, n_head=2, n_embd=16, n_transitions=3, dropout=0.0)
+    smooth = TrajectoryGPT(GPTConfig(**config, action_smoothing=1.5))
+    plain = TrajectoryGPT(GPTConfig(**config))
+    plain.load_state_dict(smooth.state_dict())
+    targets = smoothed_targets(20, 1.5)  # (20, 20)
+    torch.testing.assert_close(targets.sum(1), torch.ones(20))
+    assert torch.equal(targets.argmax(1), torch.arange(20)) and targets[10, 9] == targets[10, 11] > targets[10, 8]
+    assert torch.equal(smoothed_targets(20, 0.0), torch.eye(20))
+    bins = torch.randint(0, 20, (4, smooth.config.block_size))
+    inputs, labels = bins[:, :-1], bins[:, 1:]
+    logits, loss = smooth.train()(inputs, labels)
+    log_p = torch.log_softmax(logits, -1)  # (B, T, N)
+    hard = -log_p.gather(2, labels[..., None])[..., 0]  # (B, T)
+    spread = -(targets[labels] * log_p).sum(-1)  # (B, T)
+    is_action = (smooth.target_kinds(labels.shape[1]) == KINDS.index("action"))[None, :]
+    expected = torch.where(is_action, spread, hard) * smooth.dim_weight[(torch.arange(labels.shape[1]) + 1) % 7]
+    torch.testing.assert_close(loss, expected.mean())
+    assert not torch.allclose(loss, plain.train()(inputs, labels)[1])  # the smoothing changed the training loss...
+    torch.testing.assert_close(smooth.eval()(inputs, labels)[1], plain.eval()(inputs, labels)[1])  # ...not validation
+    with pytest.raises(ConfigError, match="action_smoothing must be >= 0"):
+        TrajectoryGPT(GPTConfig(**config, action_smoothing=-1.0))
 
 
 def test_the_model_kept_follows_keep_best_on(course_data):

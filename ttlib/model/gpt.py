@@ -24,7 +24,7 @@ from torch import nn
 from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.attention import CausalSelfAttention, KVCache
 
-__all__ = ["Block", "GPTConfig", "KINDS", "MLP", "TrajectoryGPT", "check_dims", "trajectory_mask"]
+__all__ = ["Block", "GPTConfig", "KINDS", "MLP", "TrajectoryGPT", "check_dims", "smoothed_targets", "trajectory_mask"]
 
 KINDS = ("obs", "action", "reward", "value")  # what a token is (training logs the validation loss of each)
 
@@ -42,6 +42,8 @@ class GPTConfig:
     action_weight: float = 5.0  # loss weight of action tokens (obs, reward, value: 1)
     reward_weight: float = 1.0  # loss weight of reward tokens
     value_weight: float = 1.0  # loss weight of value tokens
+    action_smoothing: float = 0.0  # training only: an action token's target is a Gaussian over its neighbouring bins
+    #                                with this standard deviation, in bins, instead of its bin alone (0: the bin)
 
     @property
     def transition_dim(self) -> int:
@@ -86,6 +88,17 @@ def check_dims(config) -> None:
                           f"{config.act_dim}: set them from the data (train() does)")
 
 
+def smoothed_targets(n_bins: int, std: float) -> torch.Tensor:
+    """(n_bins, n_bins): row b is a Gaussian over the bins centred on bin b with standard deviation `std` (in bins),
+    cut at the ends and summing to 1; the identity for std 0. Neighbouring quantile bins hold neighbouring values,
+    so a near miss then costs less than a far one ("Stop Regressing", Farebrother et al. 2024)."""
+    if std == 0:
+        return torch.eye(n_bins)
+    bins = torch.arange(n_bins, dtype=torch.float32)
+    weights = torch.exp(-0.5 * ((bins[None, :] - bins[:, None]) / std) ** 2)  # (n_bins, n_bins)
+    return weights / weights.sum(dim=1, keepdim=True)
+
+
 def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
     """(n_tokens, n_tokens) bool, query x key: causal, and no query ever attends to a value token (the last of each
     transition), because a value summarises rewards that come later."""
@@ -116,6 +129,11 @@ class TrajectoryGPT(nn.Module):
         weights[config.obs_dim:config.obs_dim + config.act_dim] = config.action_weight
         weights[td - 2], weights[td - 1] = config.reward_weight, config.value_weight
         self.register_buffer("dim_weight", weights, persistent=False)  # (td,) loss weight per dimension
+        if config.action_smoothing < 0:
+            raise ConfigError(f"action_smoothing must be >= 0 (a standard deviation in bins), got "
+                              f"{config.action_smoothing}")
+        self.register_buffer("smoothed_targets", smoothed_targets(config.n_bins, config.action_smoothing),
+                             persistent=False)  # (n_bins, n_bins): row b is the target of bin b
         self.apply(self._init_weights)
         nn.init.normal_(self.pos_emb, std=0.02)
         nn.init.normal_(self.head_weight, std=0.02)
@@ -178,6 +196,11 @@ class TrajectoryGPT(nn.Module):
         if targets is not None:
             ce = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T), reduction="none").view(B, T)
             target_dims = (torch.arange(start + 1, start + T + 1, device=bins.device)) % td  # (T,)
+            if self.training and self.config.action_smoothing > 0:  # action targets spread over their neighbours
+                O, A = self.config.obs_dim, self.config.act_dim
+                is_action = (target_dims >= O) & (target_dims < O + A)  # (T,)
+                spread = -(self.smoothed_targets[targets] * F.log_softmax(logits, -1)).sum(-1)  # (B, T)
+                ce = torch.where(is_action[None, :], spread, ce)
             weight = self.dim_weight[target_dims][None, :]  # (1, T)
             mask = torch.ones_like(ce) if mask is None else mask.to(ce.dtype)
             loss = (ce * weight * mask).sum() / mask.sum().clamp(min=1)

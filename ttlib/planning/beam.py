@@ -69,6 +69,7 @@ RULES = {  # PlannerConfig's numbers: field -> (its type, what must hold, said i
     "temperature": (Real, lambda t: t > 0, "> 0"),
     "gamma": (Real, lambda g: 0 < g <= 1, "in (0, 1]"),
     "value_weight": (Real, lambda w: w >= 0, ">= 0"),
+    "likelihood_weight": (Real, lambda w: w >= 0, ">= 0"),
 }
 
 
@@ -83,6 +84,8 @@ class PlannerConfig:
     temperature: float = 1.0  # softmax temperature for action sampling
     gamma: float = 0.99  # discount used to score plans
     value_weight: float = 1.0  # weight of the predicted value in a plan's score (0: rewards only)
+    likelihood_weight: float = 0.0  # with value "token" or "critic": add this times the log-probability of the
+    #                                 plan's actions to its score, preferring what the model finds likely (0: none)
     value: Value = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
     #                         "likelihood" (the log-probability of its actions: imitation, for a model of good data)
     decoder: DecoderName = "auto"  # where the logits come from (decoders.py): "fused", "readable", "recompute",
@@ -107,9 +110,10 @@ class PlannerConfig:
             if getattr(self, name) not in valid:
                 raise PlannerConfigError(f"{name} must be one of {', '.join(map(repr, valid))}, got "
                                          f"{getattr(self, name)!r}")
-        if self.decoder in STATIC_SEARCHES and self.value != "token":
+        if self.decoder in STATIC_SEARCHES and (self.value != "token" or self.likelihood_weight):
+            asked = f"value={self.value!r}" if self.value != "token" else "a likelihood_weight"
             raise PlannerConfigError(f"decoder={self.decoder!r} is the static search, which scores with the value "
-                                     f"token: plan with decoder='fused' for value={self.value!r}")
+                                     f"token alone: plan with decoder='fused' for {asked}")
         if self.compile_step and self.decoder not in ("static", "auto"):
             raise PlannerConfigError(f"compile_step compiles the static search's step: decoder={self.decoder!r} "
                                      "has none (plan with decoder='static')")
@@ -135,10 +139,12 @@ def course_planner(**overrides) -> PlannerConfig:
 
 def critic_planner(**overrides) -> PlannerConfig:
     """The course's planner with a Q critic (`critic.py`, notebook 06 section 3): what `ttlib evaluate` plans with
-    when the checkpoint carries a critic. The model proposes 128 actions (32 beams x 4, top-k 20) and the critic
-    ranks them; one step ahead, because the critic already values all that follows, and every further step would
-    judge the model's imagined, binned observations instead of the real one."""
-    return course_planner(**{"value": "critic", "horizon": 1, **overrides})
+    when the checkpoint carries a critic. The model proposes 128 actions (32 beams x 4, top-k 20) and ranks them
+    by Q(s, a) + 0.3 log p(a): the critic's value, and a little of how likely the model finds the action, so that
+    of two near-equal values the one the data backs wins (the critic's error grows where the data thin out). One
+    step ahead, because the critic already values all that follows, and every further step would judge the model's
+    imagined, binned observations instead of the real one."""
+    return course_planner(**{"value": "critic", "horizon": 1, "likelihood_weight": 0.3, **overrides})
 
 
 def imitation_planner(**overrides) -> PlannerConfig:
@@ -285,14 +291,17 @@ def decoded(tokenizer: TrajectoryTokenizer, bins: torch.Tensor, dims: slice) -> 
 
 def _children_scores(config, tokenizer, beams: Beams, t: int, rewards_before, action_bins: list, critic):
     """Every child's score after step t, as `config.value` asks: the log-likelihood of its actions, its discounted
-    rewards and the value token, or the rewards before step t and the critic's Q(s_t, a_t) (which holds r_t)."""
+    rewards and the value token, or the rewards before step t and the critic's Q(s_t, a_t) (which holds r_t); the
+    last two plus `config.likelihood_weight` times the log-likelihood."""
     if config.value == "likelihood":
         return beams.log_likelihood.clone()
     if critic is None:
-        return beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
-    O, A = tokenizer.obs_dim, tokenizer.act_dim
-    actions = decoded(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (rows, A)
-    return rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
+        score = beams.discounted_rewards + config.value_weight * config.gamma ** (t + 1) * beams.values[:, t]
+    else:
+        O, A = tokenizer.obs_dim, tokenizer.act_dim
+        actions = decoded(tokenizer, torch.stack(action_bins, dim=1), slice(O, O + A))  # (rows, A)
+        score = rewards_before + config.value_weight * config.gamma**t * critic.q(beams.states, actions)
+    return score + config.likelihood_weight * beams.log_likelihood if config.likelihood_weight else score
 
 
 @torch.inference_mode()
@@ -304,7 +313,7 @@ def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, cr
     device = model.pos_emb.device
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
     name = resolve(config.decoder, device, replays=buffers is not None and buffers.graphs,
-                   tokens_needed=trace is not None or config.value != "token")
+                   tokens_needed=trace is not None or config.value != "token" or bool(config.likelihood_weight))
     if name in STATIC_SEARCHES:
         return static_plan(model, tokenizer, prefix, keys, config, buffers, STATIC_SEARCHES[name])
 
@@ -326,7 +335,7 @@ def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, cr
         action_bins = []
         for a in range(A):  # sample the action, one dimension at a time
             bins = sample_bins(logits, uniforms[:, a], config.top_k_action, config.temperature, config.top_p_action)
-            if config.value == "likelihood":  # under the model's own distribution, not the truncated one
+            if config.value == "likelihood" or config.likelihood_weight:  # the model's own distribution, untruncated
                 beams.log_likelihood += torch.log_softmax(logits, -1).gather(1, bins[:, None])[:, 0]
             beams.append(bins)
             action_bins.append(bins)
