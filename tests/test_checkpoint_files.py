@@ -294,3 +294,34 @@ def test_the_guard_sees_what_it_guards():
                      "np.load(allow_pickle=True)"]
     converter = "import torch\ndef convert_pickled(p):\n    torch.load(p, weights_only=False)\n"
     assert list(unpickling_sites("ttlib/training/checkpoint_files.py", converter)) == []
+
+
+@pytest.mark.parametrize("moment", ["as the file is created", "while it is written"])
+def test_ctrl_c_at_any_moment_of_a_write_leaves_the_old_file_and_nothing_else(tmp_path, monkeypatch, moment):
+    """An atomic write interrupted -- right after its temporary file was created, or halfway through writing it --
+    leaves the previous file as it was and no temporary file beside it (a Ctrl-C of `ttlib train` can come at any
+    time: it writes a checkpoint at every evaluation)."""
+    from ttlib import files
+
+    path = tmp_path / "tt.safetensors"
+    write_payload(str(path), {"format": "old", "model": {"w": torch.zeros(3)}})
+    before = path.read_bytes()
+    real_close = os.close
+
+    def close_then_interrupt(fd):
+        real_close(fd)
+        raise KeyboardInterrupt  # the signal lands the instant after the file exists
+
+    def interrupted_writer(tensors, tmp, metadata=None):
+        Path(tmp).write_bytes(b"half of a checkpoint")
+        raise KeyboardInterrupt
+
+    if moment == "as the file is created":
+        monkeypatch.setattr(files.os, "close", close_then_interrupt)
+    else:
+        monkeypatch.setattr("safetensors.torch.save_file", interrupted_writer)
+    with pytest.raises(KeyboardInterrupt):
+        write_payload(str(path), {"format": "new", "model": {"w": torch.ones(3)}})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tt.safetensors"]
+    assert path.read_bytes() == before
