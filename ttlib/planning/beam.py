@@ -11,7 +11,9 @@ ones it believes pay off best:
                  or, with a critic (`value="critic"`, see `critic.py`), by
                  sum_{k<t} gamma^k E[r_k] + gamma^t Q(s_t, a_t)   (rewards so far + the critic's value of the action)
                  or, imitating (`value="likelihood"`, the paper's imitation mode), by
-                 sum_k log p(a_k)   (how likely the model finds the plan's actions: no reward at all)
+                 sum_k log p(a_k)   (how likely the model finds the plan's actions: no reward at all);
+                 the first two plus `likelihood_weight` * sum_k log p(a_k) when it is set (the critic planner's
+                 0.3: the model's likelihood breaks the critic's near-ties)
         select:  keep the best `beam_width` children per environment
         observe: decode the next observation greedily (top-1): the model's most likely outcome
 
