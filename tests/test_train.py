@@ -1,6 +1,7 @@
 """Training really learns, checkpoints hold everything, and bad checkpoints fail with one clear line."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from ttlib.data import trajectories as ttdata
 from ttlib.errors import ConfigError
 from ttlib.model.gpt import KINDS, GPTConfig, TrajectoryGPT, smoothed_targets
+from ttlib.planning import beam as planning
 from ttlib.training.best_model import BestModel
 from ttlib.training.checkpoint_files import CheckpointError
 from ttlib.training.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
@@ -99,6 +101,43 @@ def test_action_smoothing_spreads_only_the_action_targets_and_only_in_training()
     torch.testing.assert_close(smooth.eval()(inputs, labels)[1], plain.eval()(inputs, labels)[1])  # ...not validation
     with pytest.raises(ConfigError, match="action_smoothing must be >= 0"):
         TrajectoryGPT(GPTConfig(**config, action_smoothing=-1.0))
+
+
+def test_value_embedding_carries_each_bins_value_and_every_decoder_reads_it(course_data, tmp_path):
+    """value_embedding: the row of bin b of dimension d is its learned vector plus v[d, b] * direction[d], v the
+    tokenizer's bin means standardised per dimension (a binary dimension -- the lander's legs -- carries two values),
+    direction learned from zero; the checkpoint loads back to the same model, and the fused decoder reads the same
+    table as the full forward pass."""
+    out = tmp_path / "tt.safetensors"
+    result = train(small_config(steps=30, eval_every=15, value_embedding=True), out=str(out), data=course_data,
+                   progress=False)
+    model, tokenizer = result.model.eval(), result.tokenizer
+    carried = model.tok_emb.parametrizations.weight[0]
+    values, direction, own = carried.values, carried.direction, model.tok_emb.parametrizations.weight.original
+    means = torch.as_tensor(tokenizer.means, dtype=torch.float64)  # (td, N)
+    spread = means.std(dim=1) > 0
+    expected = (means - means.mean(1, keepdim=True)) / means.std(1, keepdim=True)
+    torch.testing.assert_close(values[spread], expected[spread].float())
+    assert len(torch.unique(values[6])) == 2, "the left leg (0 or 1) carries exactly two values"
+    assert direction.abs().max() > 0, "the direction is learned"
+    td, N = values.shape
+    rows = model.tok_emb.weight.detach().view(td, N, -1)  # (td, N, C): what the model reads
+    torch.testing.assert_close(rows, own.detach().view(td, N, -1) + values[:, :, None] * direction.detach()[:, None])
+    loaded, _, _ = load_checkpoint(str(out), device="cpu")  # the best model, which train returned
+    bins = torch.randint(0, N, (2, 20))
+    torch.testing.assert_close(loaded(bins)[0], model(bins)[0])
+    prefix, plan_bins = bins[:, :td], bins[:, td:td + 6]
+    torch.testing.assert_close(planning.logits_along(model, prefix, plan_bins, "fused"),
+                               planning.logits_along(model, prefix, plan_bins, "recompute"), atol=1e-4, rtol=1e-4)
+    # at the start (direction 0) the model is the plain model with the same weights
+    fresh = TrajectoryGPT(replace(model.config, value_embedding=True))
+    plain = TrajectoryGPT(replace(model.config, value_embedding=False))
+    plain.load_state_dict({"tok_emb.weight" if "tok_emb" in k else k: v for k, v in fresh.state_dict().items()
+                           if "original" in k or "tok_emb" not in k})
+    fresh.set_bin_values(tokenizer.means)
+    torch.testing.assert_close(fresh.eval()(bins)[0], plain.eval()(bins)[0])
+    with pytest.raises(ConfigError, match="value_embedding=True"):
+        plain.set_bin_values(tokenizer.means)
 
 
 def test_the_model_kept_follows_keep_best_on(course_data):

@@ -20,11 +20,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ttlib.errors import ConfigError, MismatchError
 from ttlib.model.attention import CausalSelfAttention, KVCache
 
-__all__ = ["Block", "GPTConfig", "KINDS", "MLP", "TrajectoryGPT", "check_dims", "smoothed_targets", "trajectory_mask"]
+__all__ = ["BinValues", "Block", "GPTConfig", "KINDS", "MLP", "TrajectoryGPT", "check_dims", "smoothed_targets",
+           "trajectory_mask"]
 
 KINDS = ("obs", "action", "reward", "value")  # what a token is (training logs the validation loss of each)
 
@@ -44,6 +46,8 @@ class GPTConfig:
     value_weight: float = 1.0  # loss weight of value tokens
     action_smoothing: float = 0.0  # training only: an action token's target is a Gaussian over its neighbouring bins
     #                                with this standard deviation, in bins, instead of its bin alone (0: the bin)
+    value_embedding: bool = False  # a token's embedding also carries what its bin holds: a learned direction per
+    #                               dimension times the bin's standardised value (BinValues)
 
     @property
     def transition_dim(self) -> int:
@@ -99,6 +103,24 @@ def smoothed_targets(n_bins: int, std: float) -> torch.Tensor:
     return weights / weights.sum(dim=1, keepdim=True)
 
 
+class BinValues(nn.Module):
+    """What GPTConfig.value_embedding adds to the token embeddings (a parametrization of tok_emb.weight, so every
+    reader of the table -- training, the cached and the fused decoders -- sees the same rows): the row of bin b of
+    dimension d is its own learned vector plus v[d, b] * direction[d], where v is what the bin decodes to,
+    standardised per dimension (`set_bin_values`), and direction[d] is learned, starting at zero. Neighbouring
+    bins hold neighbouring values, so what the model learns about one bin's value carries over to its neighbours
+    from the first step, instead of being learned one bin at a time."""
+
+    def __init__(self, transition_dim: int, n_bins: int, n_embd: int):
+        super().__init__()
+        self.register_buffer("values", torch.zeros(transition_dim, n_bins))  # (td, N): standardised bin values
+        self.direction = nn.Parameter(torch.zeros(transition_dim, n_embd))  # (td, C): one per dimension
+
+    def forward(self, weight):  # (td * N, C) the learned rows -> the rows the model reads
+        td, N = self.values.shape
+        return weight + (self.values[:, :, None] * self.direction[:, None, :]).reshape(td * N, -1)
+
+
 def trajectory_mask(n_tokens: int, transition_dim: int) -> torch.Tensor:
     """(n_tokens, n_tokens) bool, query x key: causal, and no query ever attends to a value token (the last of each
     transition), because a value summarises rewards that come later."""
@@ -137,6 +159,22 @@ class TrajectoryGPT(nn.Module):
         self.apply(self._init_weights)
         nn.init.normal_(self.pos_emb, std=0.02)
         nn.init.normal_(self.head_weight, std=0.02)
+        if config.value_embedding:
+            parametrize.register_parametrization(self.tok_emb, "weight", BinValues(td, config.n_bins, C))
+
+    def set_bin_values(self, means) -> None:
+        """With value_embedding: the values the bins carry, (transition_dim, n_bins) -- what each bin decodes to
+        (`TrajectoryTokenizer.means`), standardised per dimension here (a dimension with one value carries 0)."""
+        if not self.config.value_embedding:
+            raise ConfigError("set_bin_values needs a model with value_embedding=True")
+        values = torch.as_tensor(means, dtype=torch.float64)  # (td, N)
+        if values.shape != (self.config.transition_dim, self.config.n_bins):
+            raise MismatchError(f"bin values must be (transition_dim, n_bins) = "
+                                f"{(self.config.transition_dim, self.config.n_bins)}, got {tuple(values.shape)}")
+        spread = values.std(dim=1, keepdim=True)
+        standard = torch.where(spread > 0, (values - values.mean(dim=1, keepdim=True)) / spread.clamp_min(1e-12), 0.0)
+        bin_values = self.tok_emb.parametrizations.weight[0].values
+        bin_values.copy_(standard.to(bin_values.dtype))
 
     @staticmethod
     def _init_weights(module):

@@ -278,6 +278,8 @@ def train(config: TrainConfig | None = None, out: str | None = None, resume: str
         print(f"{data.dataset_id}: {note}")
     tokenizer = TrajectoryTokenizer.fit_dataset(train_data, config.model.n_bins, config.strategy)
     model = TrajectoryGPT(config.model_config(data.obs_dim, data.act_dim)).to(device, dtype)
+    if config.model.value_embedding:
+        model.set_bin_values(tokenizer.means)  # a resumed run loads its own with its weights
     state, payload = start_training(model, config, resume, kind="trajectory-gpt")
     if payload is not None:
         tokenizer = TrajectoryTokenizer.from_state_dict(payload["tokenizer"])  # the windows need the saved bins
