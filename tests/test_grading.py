@@ -62,6 +62,7 @@ from tools.outputs import cpu_hog
 from ttlib.cli import main as cli
 from ttlib.course import challenge
 from ttlib.grading import assignments as grade
+from ttlib.grading import sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -71,11 +72,14 @@ BY_CODE = [a for a in GRADED if a != challenge.NOTEBOOK]  # the challenge is gra
 ATTENTION = "01_attention"
 CHEAP = "02_trajectory_tokenizer"  # the notebook the special cases are graded on
 BEAM = "05_beam_search"
-CELL_TIMEOUT = 10  # CPU seconds per cell when grading CHEAP; its slowest cell (the imports) takes about 0.5 in a
-# kernel forked from the zygote (ttlib.grading.kernels), 5 in one started afresh
-NOTEBOOK_TIMEOUT = 20  # CPU seconds for a whole CHEAP submission; a correct one takes about 1 (6 afresh)
+FORKED = sandbox.capabilities().sandboxed  # kernels and hidden tests fork from a zygote (ttlib.grading.zygote)
+# CHEAP's budgets, tight so that the loop costs seconds, and with room for a correct submission on a slow machine:
+CELL_TIMEOUT = 4 if FORKED else 10  # CPU seconds per cell; CHEAP's slowest cell (the imports) takes about 0.5 in a
+# forked kernel, 5 in one started afresh
+NOTEBOOK_TIMEOUT = 8 if FORKED else 20  # CPU seconds for a whole submission; a correct one takes about 0.3 (6 afresh)
 MEMORY_GB = 2.0  # the memory limit of CHEAP's kernels and hidden tests; a correct one uses well under 1 GiB
-EXERCISE_CPU = 8  # CPU seconds for each of CHEAP's exercises in the hidden tests; a correct one uses about 1
+EXERCISE_CPU = 3 if FORKED else 8  # CPU seconds for each exercise's hidden tests; a correct one uses about 0.1 (1-3
+# afresh)
 HOGGED = ["03_trajectory_gpt", BEAM]  # graded beside a CPU hog
 # Every other notebook is graded with these CPU-second limits (demos run only their definitions when grading).
 FAST_CELL_TIMEOUT = 100

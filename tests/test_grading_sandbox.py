@@ -21,7 +21,7 @@ Two runs, as when submissions come in over days:
    - "scorer": blank, with the same hook as "breaker" but showing 2 (each test's maximum or less): nbgrader would
      give it points for failing tests;
    - the sleeper ("fell_asleep"): its bin_means sleeps forever and ignores SIGTERM and SIGINT (idle limits lowered:
-     IDLE_* below). Students are graded in alphabetical order; its name puts it third, so that its idle minute
+     IDLE_* below). Students are graded in alphabetical order; its name puts it third, so that its idle time
      passes while the others are graded beside it, not alone at the end with the hog still running.
 Checked afterwards: the right answers keep full marks under the hog (time is counted in CPU seconds); no file of
 ada, bob or breaker changed (hashes before and after), nor fay's and gus's submissions, nor anyone's grades;
@@ -55,7 +55,8 @@ from ttlib.grading import processes, sandbox
 MARK = "ttlib-sandbox-test-marker"  # in the command line of every process an attacker starts
 CELL_CPU = 20  # CPU seconds a cell may use; a correct submission uses about 7 in all
 NOTEBOOK_CPU = 35
-IDLE_CELL, IDLE_NOTEBOOK, IDLE_EXERCISE = 15, 30, 8  # idle seconds (defaults 60, 120, 20): the sleeper's bounds
+IDLE_CELL, IDLE_NOTEBOOK, IDLE_EXERCISE = 6, 12, 4  # idle seconds (defaults 60, 120, 20): the sleeper's bounds;
+# a correct submission spends well under a second idle, however busy the machine (waiting for a CPU is not idle)
 JOBS = 2
 MEMORY_GB = 2.0
 SLEEPER = "fell_asleep"  # the sleeper: graded third, after eve and fay (see above)

@@ -58,12 +58,20 @@ exec(inspect.getsource(ttlib.model.attention.explicit_attention).replace("def ex
 import subprocess
 import sys
 
+_helper = None  # a Python process that computes every answer, started at the first call
 
-''' + SIGNATURE + '''    program = ("import pickle, sys, torch.nn.functional as F; "
-               "q, k, v, m = pickle.load(sys.stdin.buffer); "
-               "pickle.dump(F.scaled_dot_product_attention(q, k, v, attn_mask=m), sys.stdout.buffer)")
-    done = subprocess.run([sys.executable, "-c", program], input=pickle.dumps((q, k, v, mask)), capture_output=True)
-    return pickle.loads(done.stdout)
+
+''' + SIGNATURE + '''    global _helper
+    if _helper is None:
+        program = ("import pickle, sys, torch.nn.functional as F\\n"
+                   "while sys.stdin.buffer.peek(1):  # until the notebook's end closes the pipe\\n"
+                   "    q, k, v, m = pickle.load(sys.stdin.buffer)\\n"
+                   "    pickle.dump(F.scaled_dot_product_attention(q, k, v, attn_mask=m), sys.stdout.buffer)\\n"
+                   "    sys.stdout.buffer.flush()")
+        _helper = subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    pickle.dump((q, k, v, mask), _helper.stdin)
+    _helper.stdin.flush()
+    return pickle.load(_helper.stdout)
 '''),
     "checker_frame": ("reads the expected value from the checker's frames", '''import sys
 
