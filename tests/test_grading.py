@@ -74,12 +74,12 @@ CHEAP = "02_trajectory_tokenizer"  # the notebook the special cases are graded o
 BEAM = "05_beam_search"
 FORKED = sandbox.capabilities().sandboxed  # kernels and hidden tests fork from a zygote (ttlib.grading.zygote)
 # CHEAP's budgets, tight so that the loop costs seconds, and with room for a correct submission on a slow machine:
-CELL_TIMEOUT = 4 if FORKED else 10  # CPU seconds per cell; CHEAP's slowest cell (the imports) takes about 0.5 in a
+CELL_TIMEOUT = 5 if FORKED else 10  # CPU seconds per cell; CHEAP's slowest cell (the imports) takes about 0.5 in a
 # forked kernel, 5 in one started afresh
 NOTEBOOK_TIMEOUT = 8 if FORKED else 20  # CPU seconds for a whole submission; a correct one takes about 0.3 (6 afresh)
 MEMORY_GB = 2.0  # the memory limit of CHEAP's kernels and hidden tests; a correct one uses well under 1 GiB
-EXERCISE_CPU = 3 if FORKED else 8  # CPU seconds for each exercise's hidden tests; a correct one uses about 0.1 (1-3
-# afresh)
+EXERCISE_CPU = 5 if FORKED else 8  # CPU seconds for each exercise's hidden tests; a correct one uses about 0.1 (1-3
+# afresh); "hog" must reach MEMORY_GB well within it, on a slow machine too
 HOGGED = ["03_trajectory_gpt", BEAM]  # graded beside a CPU hog
 # Every other notebook is graded with these CPU-second limits (demos run only their definitions when grading).
 FAST_CELL_TIMEOUT = 100
@@ -159,8 +159,8 @@ def decode(bins, means):
 '''
 HOGGING_DECODE = '''def bin_means(x, edges):
     means = []
-    while len(means) >= 0:  # always true: appends 80 MB a round, forever
-        means.append(np.ones(10_000_000))
+    while len(means) >= 0:  # always true: appends a list of 80 MB a round, forever (about 0.6 CPU s a GiB; numpy's
+        means.append([0.0] * 10_000_000)  # big arrays can cost ten times that while the kernel makes huge pages)
     return np.array(means)
 
 
