@@ -313,6 +313,43 @@ def test_the_zygote_and_its_runs_end_when_the_grader_dies(tmp_path):
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX", "the zygote outlived its grader"
 
 
+def test_the_grading_pool_and_its_fork_server_end_when_the_grader_dies(tmp_path):
+    """`ttlib grade autograde`'s pool (autograde.pool_context: processes forked from a fork server that imported the
+    libraries once), one of them running a sandboxed submission forked from its zygote: the grader killed outright
+    (SIGKILL), every process it started ends -- the fork server, the pool, their zygotes, the submission's tree."""
+    import psutil
+
+    grader = textwrap.dedent(f"""
+        import sys, time
+        from concurrent.futures import ProcessPoolExecutor
+        from ttlib.grading import sandbox
+        from ttlib.grading.autograde import pool_context
+        from ttlib.grading.worker import worker_started
+        code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+        code += "time.sleep(60)', '{MARK}'], start_new_session=True); time.sleep(60)"
+        if __name__ == "__main__":
+            pool = ProcessPoolExecutor(2, mp_context=pool_context(), initializer=worker_started)
+            pool.submit(sandbox.run, [sys.executable, "-c", code], preload=True)
+            print("up", flush=True)
+            time.sleep(120)
+        """)
+    (tmp_path / "grader.py").write_text(grader)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "grader.py")], stdout=subprocess.PIPE,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.stdout.readline().strip() == b"up"
+    deadline = time.monotonic() + 120
+    while not marked() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(), "the submission never started"
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert len(started) >= 5, started  # the fork server, two pool processes, a zygote, the submission's tree
+    proc.kill()
+    proc.wait()
+    assert gone_soon(5) == []
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "a process outlived its grader"
+
+
 def test_the_grader_ends_orphans_that_reach_it():
     """The second line: a grader that is a subreaper ends, after a submission, every child it did not have."""
     code = textwrap.dedent(f"""

@@ -166,6 +166,27 @@ def _run(args: list[str], env: dict, timeout: float) -> str:
     return done.stdout
 
 
+def _become_subreaper() -> None:
+    """Processes the grading command leaves to end after it (its pool's fork server, whose children the pool
+    processes are) become this process's children, so that their CPU seconds are counted (`_reap_orphans`)."""
+    from ttlib.grading.linux import LINUX, PR_SET_CHILD_SUBREAPER, prctl
+
+    if LINUX:
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _reap_orphans(timeout: float) -> None:
+    """Wait for this process's children that are not ours to wait for (orphans adopted as a subreaper)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
 def _course(work: Path, folder: Path, notebook: str, env: dict) -> dict:
     """A course folder of its own under `work`: the notebook released and the class collected -> its environment."""
     from ttlib.grading.assignments import source_version
@@ -210,6 +231,7 @@ def grade_layout(layout: str, folder: Path, work: Path, notebook: str, env: dict
     args = ["nbgrader", "autograde", notebook] if layout == "sequential" else \
         ["ttlib", "grade", "autograde", notebook, "--jobs", layout.removeprefix("jobs=")]
     _run(args, env, timeout)
+    _reap_orphans(timeout=30)  # the pool's fork server, which ends just after the grading process
     seconds, cpu1 = time.monotonic() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     return {"layout": layout, "seconds": seconds, "cpu_seconds": cpu, "load_before": load,
@@ -272,6 +294,7 @@ def main(argv=None) -> int:
             nbformat.write(s.notebook, args.out / f"{s.name}.ipynb")
         print(f"{len(students)} submissions of {args.notebook} in {args.out}")
         return 0
+    _become_subreaper()
     folder = args.work / "class"
     folder.mkdir(parents=True, exist_ok=True)
     for s in students:

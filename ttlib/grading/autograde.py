@@ -39,8 +39,8 @@ from nbconvert.preprocessors import Preprocessor
 from ttlib.grading.worker import Graded, Shared, carried_env, grade_one, template_gradebook, worker_started
 
 __all__ = ["CRASH_ENV", "MAX_ATTEMPTS", "Replay", "Report", "Submission", "WORKER_BYTES", "autograde", "book",
-           "booking_steps", "default_jobs", "on_ray", "on_this_machine", "plan", "scores", "shared_settings",
-           "with_options"]
+           "booking_steps", "default_jobs", "on_ray", "on_this_machine", "plan", "pool_context", "scores",
+           "shared_settings", "with_options"]
 
 MAX_ATTEMPTS = 3  # times a submission is started when its worker is lost
 WORKER_BYTES = 2**30  # what a grading process holds beside its submission's kernel (nbgrader, torch, the judge)
@@ -257,7 +257,12 @@ def _crash_for(student: str):
 
 
 def _start_in_pool(pool, s: Submission):
-    return pool.submit(grade_one, s.shared, s.student, s.files, _crash_for(s.student))
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return pool.submit(grade_one, s.shared, s.student, s.files, _crash_for(s.student))
+    except (EOFError, OSError) as e:  # the fork server it starts processes from is gone (killed)
+        raise BrokenProcessPool(f"the pool could not start a process: {e!r}") from e
 
 
 def _start_on_ray(task, refs: dict, s: Submission):
@@ -270,14 +275,40 @@ def _fill(queue, pending: dict, n: int, start, attempts: dict | None = None) -> 
         s = queue.popleft()
         if attempts is not None:
             attempts[id(s)] += 1
-        pending[start(s)] = s
+        try:
+            pending[start(s)] = s
+        except BaseException:
+            queue.appendleft(s)  # not started: the caller decides
+            raise
+
+
+def _fill_pool(pool, queue, pending: dict, lost: list, n: int, attempts: dict) -> None:
+    """_fill for this machine's pool: a submission the pool could not start (its fork server is gone) is `lost`."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        _fill(queue, pending, n, functools.partial(_start_in_pool, pool), attempts)
+    except BrokenProcessPool:
+        lost.append(queue.popleft())  # (_fill put it back)
+
+
+def pool_context():
+    """How this machine's pool processes start: forked from a fork server that has imported what grading needs
+    once (ttlib.grading.pool_preload), where the platform has one; started afresh elsewhere. Never forked from this
+    process, which may run threads. (A fork server keeps the environment this process had when it started.)"""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["ttlib.grading.pool_preload"])
+    return context
 
 
 def on_this_machine(todo: list[Submission], jobs: int):
     """Grade `todo` in a pool of `jobs` processes, `jobs` at a time; yields (submission, Graded or the exception) as
-    each ends. A process lost mid-grading breaks the pool: the submissions in flight start again in a new one, up to
-    MAX_ATTEMPTS times each."""
-    import multiprocessing
+    each ends. A process lost mid-grading breaks the pool, and so does a fork server lost (no process can start):
+    the submissions in flight, or starting, start again in a new one, up to MAX_ATTEMPTS times each."""
     from collections import deque
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -285,12 +316,11 @@ def on_this_machine(todo: list[Submission], jobs: int):
     attempts = {id(s): 0 for s in todo}
     queue = deque(todo)
     while queue:
-        pool = ProcessPoolExecutor(min(jobs, len(queue)), mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=worker_started)
+        pool = ProcessPoolExecutor(min(jobs, len(queue)), mp_context=pool_context(), initializer=worker_started)
         pending, lost = {}, []
-        start = functools.partial(_start_in_pool, pool)
+        refill = functools.partial(_fill_pool, pool, queue, pending, lost, jobs, attempts)
         try:
-            _fill(queue, pending, jobs, start, attempts)
+            refill()
             while pending and not lost:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 results = []
@@ -303,7 +333,7 @@ def on_this_machine(todo: list[Submission], jobs: int):
                     except Exception as e:  # noqa: BLE001 (a bug in grading: this submission fails, others go on)
                         results.append((s, e))
                 if not lost:
-                    _fill(queue, pending, jobs, start, attempts)  # before the results are booked: none waits
+                    refill()  # before the results are booked: none waits
                 yield from results
         finally:
             pool.shutdown(wait=False, cancel_futures=True)

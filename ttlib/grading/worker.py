@@ -97,9 +97,11 @@ def _student_tables(db: sqlite3.Connection) -> list[str]:
 
 
 def worker_started() -> None:
-    """A pool process of `ttlib grade autograde` starts (it has imported only this module and ttlib's command line,
-    not nbgrader): it ends with the grading process (its sandboxes end with it in turn), skips unused imports, and
-    forks its hidden tests' zygote now, while it has one thread, sharing the libraries both import."""
+    """A pool process of `ttlib grade autograde` starts (forked from the pool's fork server, which has imported
+    ttlib.grading.pool_preload; or started afresh, with only this module and ttlib's command line imported): it ends
+    with its parent -- the fork server, which ends with the grading process, or the grading process itself -- and
+    its sandboxes end with it in turn; it skips unused imports, and forks its hidden tests' zygote now, while it has
+    one thread, sharing the libraries both import."""
     import signal
 
     from ttlib.grading.linux import LINUX, PR_SET_PDEATHSIG, capabilities, prctl
