@@ -342,7 +342,7 @@ def on_this_machine(todo: list[Submission], jobs: int):
             if attempts[id(s)] < MAX_ATTEMPTS:
                 queue.appendleft(s)
             else:
-                yield s, RuntimeError(f"its grading process was lost {MAX_ATTEMPTS} times")
+                yield s, RuntimeError(f"its grading process was lost, or could not start, {MAX_ATTEMPTS} times")
 
 
 def on_ray(todo: list[Submission], address: str, memory_bytes: float, jobs: int | None):
