@@ -314,7 +314,7 @@ def test_the_zygote_and_its_runs_end_when_the_grader_dies(tmp_path):
 
 
 def test_the_grading_pool_and_its_fork_server_end_when_the_grader_dies(tmp_path):
-    """`ttlib grade autograde`'s pool (autograde.pool_context: processes forked from a fork server that imported the
+    """`ttlib grade autograde`'s pool (layouts.pool_context: processes forked from a fork server that imported the
     libraries once), one of them running a sandboxed submission forked from its zygote: the grader killed outright
     (SIGKILL), every process it started ends -- the fork server, the pool, their zygotes, the submission's tree."""
     import psutil
@@ -323,7 +323,7 @@ def test_the_grading_pool_and_its_fork_server_end_when_the_grader_dies(tmp_path)
         import sys, time
         from concurrent.futures import ProcessPoolExecutor
         from ttlib.grading import sandbox
-        from ttlib.grading.autograde import pool_context
+        from ttlib.grading.layouts import pool_context
         from ttlib.grading.worker import worker_started
         code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
         code += "time.sleep(60)', '{MARK}'], start_new_session=True); time.sleep(60)"

@@ -2,8 +2,9 @@
 
     assignments   `ttlib grade release` and `collect`, and the one-row-per-student CSV export (nbgrader plugins)
     autograde     `ttlib grade autograde`: a class graded N submissions at a time, here or on a Ray cluster, and
-                  booked by one process; worker grades one submission in a course folder of its own; pool_preload
-                  is what this machine's pool processes import once, in the fork server they are forked from
+                  booked by one process; layouts runs the grading on this machine's pool or a Ray cluster (the
+                  pool's processes forked from a fork server that imported pool_preload once); worker grades one
+                  submission in a course folder of its own
     execute       autograde's executor (BoundedExecute): every kernel in a sandbox, CPU and idle budgets
     output        a submission's output, capped in the kernel and again in the grader
     plugins       nbgrader's other autograding and feedback steps of the course

@@ -1,5 +1,5 @@
 """Imported once, by the fork server that the pool processes of `ttlib grade autograde` are forked from
-(`autograde.on_this_machine`): the libraries every pool process needs -- those its zygote shares with the hidden
+(`layouts.on_this_machine`): the libraries every pool process needs -- those its zygote shares with the hidden
 tests and kernels (PyTorch, IPython, ttlib: `zygote.PRELOAD`) and nbgrader's. A pool of N processes then pays for
 these imports once instead of N times (about 8 CPU seconds each), and its processes share the pages they fill.
 Imported by that fork server only: importing it ties the importing process's life to its parent's."""
