@@ -755,6 +755,26 @@ def test_collect_explains_bad_input(tmp_path, monkeypatch, capsys):
         STUDENT / f"{CHEAP}.ipynb").read_bytes()
 
 
+def test_a_pool_that_cannot_start_a_process_loses_only_the_submission_it_was_starting():
+    """The pool's fork server gone (killed, say): `pool.submit` cannot start a process. The submission being started
+    is lost with the pool, counted as an attempt (the run starts it again in a new pool, up to MAX_ATTEMPTS times),
+    and the ones behind it wait in the queue, unstarted."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from ttlib.grading import layouts
+
+    class NoForkServer:
+        def submit(self, *args):
+            raise EOFError("unexpected EOF")  # what multiprocessing raises when its fork server is gone
+
+    ada, bob = (SimpleNamespace(shared=None, student=name, files={}) for name in ("ada", "bob"))
+    queue, pending, lost, attempts = deque([ada, bob]), {}, [], {id(ada): 0, id(bob): 0}
+    layouts._fill_pool(NoForkServer(), queue, pending, lost, 2, attempts)
+    assert lost == [ada] and list(queue) == [bob] and pending == {}
+    assert attempts == {id(ada): 1, id(bob): 0}
+
+
 def test_autograde_explains_bad_input(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("TTLIB_COURSE_DIR", str(tmp_path / "grading"))
