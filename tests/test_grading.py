@@ -755,11 +755,12 @@ def test_collect_explains_bad_input(tmp_path, monkeypatch, capsys):
         STUDENT / f"{CHEAP}.ipynb").read_bytes()
 
 
-def test_a_pool_that_cannot_start_a_process_loses_only_the_submission_it_was_starting():
-    """The pool's fork server gone (killed, say): `pool.submit` cannot start a process. The submission being started
-    is lost with the pool, counted as an attempt (the run starts it again in a new pool, up to MAX_ATTEMPTS times),
-    and the ones behind it wait in the queue, unstarted."""
+def test_a_pool_that_cannot_start_a_process_loses_the_submissions_it_was_given():
+    """The pool's fork server gone (killed, say): `pool.submit` cannot start a process. Each submission it is given
+    comes back as one whose process was lost (BrokenProcessPool), counted as an attempt: the run starts it again in
+    a new pool, up to MAX_ATTEMPTS times; none is started beyond the pool's jobs."""
     from collections import deque
+    from concurrent.futures.process import BrokenProcessPool
     from types import SimpleNamespace
 
     from ttlib.grading import layouts
@@ -768,11 +769,13 @@ def test_a_pool_that_cannot_start_a_process_loses_only_the_submission_it_was_sta
         def submit(self, *args):
             raise EOFError("unexpected EOF")  # what multiprocessing raises when its fork server is gone
 
-    ada, bob = (SimpleNamespace(shared=None, student=name, files={}) for name in ("ada", "bob"))
-    queue, pending, lost, attempts = deque([ada, bob]), {}, [], {id(ada): 0, id(bob): 0}
-    layouts._fill_pool(NoForkServer(), queue, pending, lost, 2, attempts)
-    assert lost == [ada] and list(queue) == [bob] and pending == {}
-    assert attempts == {id(ada): 1, id(bob): 0}
+    ada, bob, cyd = (SimpleNamespace(shared=None, student=name, files={}) for name in ("ada", "bob", "cyd"))
+    queue, pending, attempts = deque([ada, bob, cyd]), {}, {id(ada): 0, id(bob): 0, id(cyd): 0}
+    layouts._fill(queue, pending, 2, lambda s: layouts._start_in_pool(NoForkServer(), s), attempts)
+    assert list(pending.values()) == [ada, bob] and list(queue) == [cyd]
+    for future in pending:
+        assert future.done() and isinstance(future.exception(), BrokenProcessPool)
+    assert attempts == {id(ada): 1, id(bob): 1, id(cyd): 0}
 
 
 def test_autograde_explains_bad_input(tmp_path, monkeypatch, capsys):

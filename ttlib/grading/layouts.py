@@ -45,12 +45,17 @@ def _crash_for(student: str):
 
 
 def _start_in_pool(pool, s: Submission):
+    """The submission started in the pool: its future. When the pool cannot start a process (the fork server it
+    forks them from is gone, killed), a future that failed as a lost process's does, so the run treats it alike."""
+    from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
     try:
         return pool.submit(grade_one, s.shared, s.student, s.files, _crash_for(s.student))
-    except (EOFError, OSError) as e:  # the fork server it starts processes from is gone (killed)
-        raise BrokenProcessPool(f"the pool could not start a process: {e!r}") from e
+    except (EOFError, OSError) as e:
+        failed = Future()
+        failed.set_exception(BrokenProcessPool(f"the pool could not start a process: {e!r}"))
+        return failed
 
 
 def _start_on_ray(task, refs: dict, s: Submission):
@@ -63,21 +68,7 @@ def _fill(queue, pending: dict, n: int, start, attempts: dict | None = None) -> 
         s = queue.popleft()
         if attempts is not None:
             attempts[id(s)] += 1
-        try:
-            pending[start(s)] = s
-        except BaseException:
-            queue.appendleft(s)  # not started: the caller decides
-            raise
-
-
-def _fill_pool(pool, queue, pending: dict, lost: list, n: int, attempts: dict) -> None:
-    """_fill for this machine's pool: a submission the pool could not start (its fork server is gone) is `lost`."""
-    from concurrent.futures.process import BrokenProcessPool
-
-    try:
-        _fill(queue, pending, n, functools.partial(_start_in_pool, pool), attempts)
-    except BrokenProcessPool:
-        lost.append(queue.popleft())  # (_fill put it back)
+        pending[start(s)] = s
 
 
 def pool_context():
@@ -106,9 +97,9 @@ def on_this_machine(todo: list[Submission], jobs: int):
     while queue:
         pool = ProcessPoolExecutor(min(jobs, len(queue)), mp_context=pool_context(), initializer=worker_started)
         pending, lost = {}, []
-        refill = functools.partial(_fill_pool, pool, queue, pending, lost, jobs, attempts)
+        start = functools.partial(_start_in_pool, pool)
         try:
-            refill()
+            _fill(queue, pending, jobs, start, attempts)
             while pending and not lost:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 results = []
@@ -121,7 +112,7 @@ def on_this_machine(todo: list[Submission], jobs: int):
                     except Exception as e:  # noqa: BLE001 (a bug in grading: this submission fails, others go on)
                         results.append((s, e))
                 if not lost:
-                    refill()  # before the results are booked: none waits
+                    _fill(queue, pending, jobs, start, attempts)  # before the results are booked: none waits
                 yield from results
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
