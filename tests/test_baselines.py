@@ -272,6 +272,7 @@ def test_evaluate_plans_a_model_of_the_best_episodes_by_likelihood():
     assert planner(value="token", top_percent=25.0).value == "token"
     assert planner(value="likelihood", beam_width=8).beam_width == 8
     assert planner(top_k_action=0).top_k_action is None and planner(top_k_action=5).top_k_action == 5  # --top-k 0
+    assert planner(action_mean_beta=0).action_mean_beta is None  # --action-mean-beta 0: the best proposal
     with pytest.raises(ConfigError, match="no setting top_k: the settings are PlannerConfig's fields"):
         planner(top_k=5)
 

@@ -21,13 +21,15 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from ttlib.agents import baselines
+from ttlib.agents import baselines, registry
 from ttlib.course import challenge
 from ttlib.data import trajectories as ttdata
 from ttlib.data.minari_io import NO_EXPERT_DATASET
+from ttlib.errors import ConfigError
 from ttlib.grading import assignments as grade
 from ttlib.grading import challenge as grading
 from ttlib.grading import sandbox
+from ttlib.planning.beam import critic_planner
 from ttlib.training.checkpoint_files import read_payload, write_payload
 from ttlib.training.checkpoints import default_checkpoint, read_checkpoint
 
@@ -114,6 +116,8 @@ def test_a_trajectory_transformer_is_handed_in_with_its_planners_settings(tmp_pa
     challenge.save_checkpoint(str(tiny), str(agent), beam_width=3, sample_expand=1, horizon=1, value="token")
     planner = challenge.load_agent(str(agent)).agent.planner
     assert (planner.beam_width, planner.sample_expand, planner.horizon, planner.value) == (3, 1, 1, "token")
+    given = registry.load("tt", checkpoint=str(agent), beam_width=5).agent.planner  # as `ttlib evaluate` loads it
+    assert (given.beam_width, given.sample_expand, given.value) == (5, 1, "token")  # a setting given wins
     before = agent.read_bytes()
     with pytest.raises(challenge.ChallengeError, match="could not be loaded: no setting beam_wdith"):
         challenge.save_checkpoint(str(tiny), str(agent), beam_wdith=4)
@@ -122,6 +126,19 @@ def test_a_trajectory_transformer_is_handed_in_with_its_planners_settings(tmp_pa
     assert agent.read_bytes() == before  # a setting that fails never replaces the agent handed in
     with pytest.raises(challenge.ChallengeError, match="a bc policy acts without settings: leave out beam_width"):
         challenge.save_checkpoint(default_checkpoint(challenge.PBC_CHECKPOINT), str(agent), beam_width=3)
+
+
+def test_the_shipped_tt_without_the_expert_plays_the_weighted_mean_of_its_proposals_unless_told_otherwise():
+    """The no-expert checkpoint carries its planner's settings (docs/RESULTS.md: the advantage-weighted mean,
+    beta 0.3); the course checkpoint carries none and plays the critic planner's best proposal."""
+    planner = registry.load("tt", dataset=challenge.DATASET, device="cpu").agent.planner
+    assert (planner.value, planner.horizon, planner.action_mean_beta, planner.likelihood_weight) == \
+        ("critic", 1, 0.3, 0.0)
+    off = registry.load("tt", dataset=challenge.DATASET, device="cpu", action_mean_beta=0, horizon=2).agent.planner
+    assert (off.action_mean_beta, off.horizon) == (None, 2)  # `--action-mean-beta 0`: the best plan again
+    with pytest.raises(ConfigError, match="no setting beta: the settings are PlannerConfig's fields"):
+        registry.load("tt", dataset=challenge.DATASET, device="cpu", beta=2)
+    assert registry.load("tt", device="cpu").agent.planner == critic_planner()
 
 
 # ---- a class graded by nbgrader --------------------------------------------------------------------------------

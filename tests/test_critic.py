@@ -213,6 +213,57 @@ def test_a_likelihood_weight_adds_the_log_probability_of_the_actions_to_the_crit
         PlannerConfig(decoder="static", likelihood_weight=0.5)
 
 
+def test_the_weighted_mean_of_proposals_follows_its_softmax():
+    """weighted_mean: sum_i softmax(beta * score)_i a_i per environment; a large beta gives the best proposal's
+    action, a small one the proposals' plain mean."""
+    actions = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]])  # (1, 3, 2)
+    score = torch.tensor([[2.0, 1.0, 0.0]])
+    weights = torch.softmax(0.5 * score.double(), dim=1)[0]
+    expected = (weights[:, None] * actions[0].double()).sum(0).float()
+    torch.testing.assert_close(planning.weighted_mean(actions, score, 0.5)[0], expected)
+    torch.testing.assert_close(planning.weighted_mean(actions, score, 1e6)[0], actions[0, 0])
+    torch.testing.assert_close(planning.weighted_mean(actions, score, 1e-9)[0], actions[0].mean(0))
+
+
+def test_action_mean_beta_acts_the_weighted_mean_of_every_proposal_and_shows_the_best():
+    """action_mean_beta b: the plan is the best proposal, its score and bins as without b; the action taken is the
+    softmax(b * score)-weighted mean of all 12 proposals (one step ahead; with two, of the first actions of the
+    last step's plans). A large b takes the best one's action; a tiny b the model's own average action, whatever the
+    critic thinks (two critics, the same mean)."""
+    model, tok = random_model(PRESETS["tiny"], dtype=torch.float64, seed=5)
+    c = model.config
+    prefix = torch.randint(0, c.n_bins, (3, c.obs_dim), generator=torch.Generator().manual_seed(5))
+    observation = torch.randn(3, c.obs_dim, generator=torch.Generator().manual_seed(6))
+    keys, settings = torch.tensor([5, 6, 7]), dict(beam_width=4, sample_expand=3, likelihood_weight=0.0)
+
+    def plan(beta, seed=5):
+        config = critic_planner(action_mean_beta=beta, **settings)
+        return beam_plan(model, tok, prefix, keys, config, critic=critic_for(tok, seed).double(),
+                         observation=observation)
+
+    best, sharp, mean = plan(None), plan(1e9), plan(0.3)
+    assert torch.equal(mean.bins, best.bins) and torch.equal(mean.score, best.score)  # the plan shown: the best
+    torch.testing.assert_close(sharp.actions, best.actions)
+    assert not torch.allclose(mean.actions[:, 0], best.actions[:, 0], atol=1e-3)
+    means = torch.as_tensor(tok.means[c.obs_dim:c.obs_dim + c.act_dim])  # (A, n_bins): what every bin decodes to
+    inside = (mean.actions[:, 0] >= means.min(1).values - 1e-6) & (mean.actions[:, 0] <= means.max(1).values + 1e-6)
+    assert inside.all()  # a mean of decoded actions stays within them
+    flat, flat_other = plan(1e-12), plan(1e-12, seed=9)
+    torch.testing.assert_close(flat.actions[:, 0], flat_other.actions[:, 0])  # the proposals' mean, unranked
+    assert not torch.allclose(plan(1e9, seed=9).actions[:, 0], sharp.actions[:, 0], atol=1e-3)  # ranked: they differ
+    deeper = dict(settings, horizon=2)  # two steps: the first actions of the last step's plans are weighed
+    best2 = beam_plan(model, tok, prefix, keys, critic_planner(**deeper), critic=critic_for(tok, 5).double(),
+                      observation=observation)
+    sharp2, mean2 = (beam_plan(model, tok, prefix, keys, critic_planner(action_mean_beta=beta, **deeper),
+                               critic=critic_for(tok, 5).double(), observation=observation) for beta in (1e9, 0.3))
+    torch.testing.assert_close(sharp2.actions, best2.actions)
+    assert torch.equal(mean2.bins, best2.bins) and not torch.allclose(mean2.actions[:, 0], best2.actions[:, 0])
+    with pytest.raises(PlannerConfigError, match="action_mean_beta must be > 0 or None"):
+        critic_planner(action_mean_beta=0.0)
+    with pytest.raises(PlannerConfigError, match="static search.*action_mean_beta"):
+        PlannerConfig(decoder="static", horizon=1, action_mean_beta=0.3)
+
+
 def test_the_critic_planner_refuses_an_observation_of_the_wrong_shape():
     model, tok = random_model(PRESETS["tiny"])
     prefix = torch.zeros(2, model.config.obs_dim, dtype=torch.long)

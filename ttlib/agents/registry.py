@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,8 +27,10 @@ from ttlib.evaluation.rollout import PlannerAgent
 from ttlib.planning.beam import PlannerConfig, course_planner, critic_planner, imitation_planner
 from ttlib.training.checkpoints import load_checkpoint, read_checkpoint, shipped_checkpoint, weights_info
 
-__all__ = ["AGENTS", "Entry", "load", "load_baseline", "load_dt", "load_tt", "name_of", "options_of", "planner_for",
-           "training_seconds", "weights_words"]
+__all__ = ["AGENTS", "Entry", "PLAY_SETTINGS", "load", "load_baseline", "load_dt", "load_tt", "name_of", "options_of",
+           "planner_for", "play_settings", "save_with_settings", "training_seconds", "weights_words"]
+
+PLAY_SETTINGS = "play_settings"  # the key of a checkpoint's JSON that holds what it plays with (save_with_settings)
 
 
 def weights_words(info: dict) -> str:
@@ -52,20 +55,60 @@ def _check_settings(settings: dict, config_class, fixed=()) -> None:
                           + (f" but {', '.join(fixed)}" if fixed else ""))
 
 
+# ---- the settings a checkpoint plays with ----------------------------------------------------------------------
+def play_settings(payload: dict) -> dict:
+    """The settings a checkpoint plays with unless told otherwise (save_with_settings): {} if it carries none.
+    (Notebook 10's agent files of before this key carry theirs as "challenge_settings".)"""
+    return payload.get(PLAY_SETTINGS) or payload.get("challenge_settings") or {}
+
+
+def save_with_settings(checkpoint: str, path: str, **settings) -> str:
+    """Write a copy of `checkpoint` to `path` that plays with `settings` unless told otherwise: what `ttlib evaluate`
+    takes for its agent (the planner's PlannerConfig fields and `value` for a Trajectory Transformer, e.g.
+    beam_width=64; `target_return` for a Decision Transformer). The copy is loaded with them first -- a setting it
+    does not take is named -- and only then written, atomically, so a failed setting never replaces `path`.
+    `path` may be `checkpoint` itself. Returns `path`."""
+    import shutil
+    import tempfile
+
+    from ttlib.files import atomic_path
+    from ttlib.training.checkpoint_files import read_payload, write_payload
+
+    wrong = sorted(k for k, v in settings.items() if not isinstance(v, (bool, int, float, str, type(None))))
+    if wrong:
+        raise ConfigError(f"settings are numbers, words or None: {', '.join(wrong)} is not")
+    payload = read_payload(checkpoint)
+    payload.pop("challenge_settings", None)
+    payload[PLAY_SETTINGS] = settings
+    with tempfile.TemporaryDirectory() as folder:  # checked before it replaces what `path` held
+        trial = os.path.join(folder, os.path.basename(path))
+        write_payload(trial, payload)
+        load(name_of(trial), checkpoint=trial)
+        with atomic_path(path) as tmp:
+            shutil.copyfile(trial, tmp)
+    return path
+
+
 # ---- the Trajectory Transformer's planner ---------------------------------------------------------------------
 def planner_for(critic, payload: dict | None = None, value: str | None = None, **overrides) -> PlannerConfig:
-    """The planner a checkpoint plays with: `critic_planner()` when scoring with its critic (value="critic", the
-    default when it has one), `imitation_planner()` for value="likelihood" (the default for a model trained on the
-    best episodes only, --top-percent), else `course_planner()`; `overrides` (PlannerConfig fields) change single
-    settings, top_k_action=0 meaning all bins (as `ttlib evaluate --top-k 0`)."""
+    """The planner a checkpoint plays with: the settings it carries (save_with_settings) over `critic_planner()`
+    when scoring with its critic (value="critic", the default when it has one), `imitation_planner()` for
+    value="likelihood" (the default for a model trained on the best episodes only, --top-percent), else
+    `course_planner()`; `overrides` (PlannerConfig fields) change single settings, top_k_action=0 meaning all bins
+    (as `ttlib evaluate --top-k 0`) and action_mean_beta=0 the best proposal (`--action-mean-beta 0`: no weighted
+    mean, where a checkpoint's own settings ask for one)."""
+    overrides = {**play_settings(payload or {}), **overrides}  # the checkpoint's own settings, then those given
+    value = value or overrides.pop("value", None)
+    overrides.pop("value", None)
     imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
     value = value or ("critic" if critic is not None else "likelihood" if imitates else "token")
     if value == "critic" and critic is None:
         raise ConfigError("--value critic: this checkpoint has no critic; add one with `ttlib train-critic "
                           "--checkpoint PATH`, or plan with --value token")
     _check_settings(overrides, PlannerConfig)
-    if overrides.get("top_k_action") == 0:
-        overrides["top_k_action"] = None  # all bins
+    for name in ("top_k_action", "action_mean_beta"):
+        if overrides.get(name) == 0:
+            overrides[name] = None  # all bins; the best proposal
     preset = {"critic": critic_planner, "likelihood": imitation_planner}.get(value, course_planner)
     planner = preset(**overrides, value=value)
     planner.validate()  # a value of none of the presets among the rest
@@ -106,8 +149,11 @@ def load_dt(checkpoint: str | None = None, device: str = "auto", which: str = "b
     path = checkpoint or shipped_checkpoint(dataset, dt.SHIPPED, "ttlib train --model dt")
     model, payload = dt.load_checkpoint(path, device=device, which=which)
     _trained_on(path, payload, dataset)
-    info = payload["dataset"]
-    target = target_return if target_return is not None else dt.default_target(info)
+    info, saved = payload["dataset"], play_settings(payload)
+    if set(saved) - {"target_return"}:
+        raise ConfigError(f"no setting {', '.join(sorted(set(saved) - {'target_return'}))}: a Decision Transformer "
+                          "plays with target_return only")
+    target = target_return if target_return is not None else saved.get("target_return", dt.default_target(info))
     weights = weights_info(payload, which)
     return Loaded(dt.DTAgent(model, target), info,
                   f"Decision Transformer ({weights_words(weights)}), target return {target:.1f}",
@@ -126,6 +172,9 @@ def load_baseline(kind: str, checkpoint: str | None = None, dataset: str | None 
             raise ConfigError(f"{', '.join(sorted(settings))} say how to train a baseline; {checkpoint} holds one "
                               "trained already")
         policy, config, payload = baselines.load_policy(checkpoint)
+        if play_settings(payload):
+            raise ConfigError(f"{checkpoint} carries settings ({', '.join(sorted(play_settings(payload)))}), but a "
+                              f"{config.kind} policy acts without any")
         info, trained, history = payload["dataset"], "checkpoint " + checkpoint, payload.get("history")
         if config.kind != kind:
             raise MismatchError(f"{checkpoint} holds a {config.kind} policy, not {kind}")

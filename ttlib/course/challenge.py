@@ -32,8 +32,8 @@ import numpy as np
 from ttlib.errors import TTLibError
 
 __all__ = ["BANDS", "Band", "ChallengeError", "DATASET", "FILE", "HIDDEN_EPISODES", "MAX_BYTES", "NOTEBOOK",
-           "PBC_CHECKPOINT", "PUBLIC_SEEDS", "SETTINGS", "TT_CHECKPOINT", "bands_reached", "check_band", "load_agent",
-           "main", "play_both", "preview", "save_checkpoint", "save_policy", "shipped_name"]
+           "PBC_CHECKPOINT", "PUBLIC_SEEDS", "TT_CHECKPOINT", "bands_reached", "check_band", "load_agent", "main",
+           "play_both", "preview", "save_checkpoint", "save_policy", "shipped_name"]
 
 DATASET = "ttlib/lunarlander/no-expert-v0"  # the lander without the expert (ttlib.data.NO_EXPERT_DATASET, not imported)
 FILE = "challenge.safetensors"  # your agent, handed in beside your notebook
@@ -43,7 +43,6 @@ TT_CHECKPOINT = "tt_no_expert_lunarlander.safetensors"  # the course's Trajector
 PUBLIC_SEEDS = tuple(range(10))  # the episodes `preview` plays; the graded ones are others, and secret
 HIDDEN_EPISODES = 20  # episodes the grader plays, on the course's secret seeds
 MAX_BYTES = 64 * 2**20  # the largest agent file the grader reads
-SETTINGS = "challenge_settings"  # the key of an agent file's JSON that holds what it plays with (save_checkpoint)
 
 
 class ChallengeError(TTLibError, ValueError):
@@ -85,27 +84,17 @@ def save_checkpoint(checkpoint: str, path: str = FILE, **settings) -> str:
     Decision Transformer, a BC or IQL policy) as your challenge agent, with the `settings` it is to play with -- what
     `ttlib evaluate` takes for it: the planner's (PlannerConfig fields and `value`, e.g. beam_width=64, top_k_action=
     50) for a Trajectory Transformer, `target_return` for a Decision Transformer, none for a policy. It is loaded
-    with them (a setting it does not take is named), then written atomically to `path`, the settings in its JSON.
-    Returns `path`."""
-    import shutil
-    import tempfile
+    with them (a setting it does not take is named), then written atomically to `path`, the settings in its JSON
+    (ttlib.agents.registry.save_with_settings). Returns `path`."""
+    from ttlib.agents import registry
 
-    from ttlib.files import atomic_path
-    from ttlib.training.checkpoint_files import read_payload, write_payload
-
-    wrong = sorted(k for k, v in settings.items() if not isinstance(v, (bool, int, float, str, type(None))))
-    if wrong:
-        raise ChallengeError(f"settings are numbers, words or None: {', '.join(wrong)} is not")
-    _checked_payload(checkpoint)  # it exists, is a checkpoint, and learnt from the right data
-    payload = read_payload(checkpoint)
-    payload[SETTINGS] = settings
-    with tempfile.TemporaryDirectory() as folder:  # checked before it replaces the agent you had
-        trial = os.path.join(folder, os.path.basename(path))
-        write_payload(trial, payload)
-        load_agent(trial)
-        with atomic_path(path) as tmp:
-            shutil.copyfile(trial, tmp)
-    return path
+    payload, name = _checked_payload(checkpoint), registry.name_of(checkpoint)  # a checkpoint of the right data
+    if settings and name in ("bc", "iql"):
+        raise ChallengeError(f"a {name} policy acts without settings: leave out {', '.join(sorted(settings))}")
+    try:
+        return registry.save_with_settings(checkpoint, path, **{**registry.play_settings(payload), **settings})
+    except Exception as error:  # noqa: BLE001 (a setting it does not take: one sentence, never a traceback)
+        raise ChallengeError(f"{checkpoint} could not be loaded: {error}") from None
 
 
 def load_agent(path: str = FILE):
@@ -113,14 +102,9 @@ def load_agent(path: str = FILE):
     ChallengeError saying what is wrong."""
     from ttlib.agents import registry
 
-    payload, name = _checked_payload(path), registry.name_of(path)
-    settings = payload.get(SETTINGS) or {}
-    if not isinstance(settings, dict):
-        raise ChallengeError(f"{path}'s settings are not a table of names and values")
-    if settings and name in ("bc", "iql"):
-        raise ChallengeError(f"a {name} policy acts without settings: leave out {', '.join(sorted(settings))}")
+    _checked_payload(path)
     try:
-        return registry.load(name, checkpoint=path, **settings)
+        return registry.load(registry.name_of(path), checkpoint=path)  # with the settings it carries
     except Exception as error:  # noqa: BLE001 (a damaged checkpoint: one sentence, never a traceback from torch)
         raise ChallengeError(f"{path} could not be loaded: {error}") from None
 

@@ -17,7 +17,10 @@ ones it believes pay off best:
         select:  keep the best `beam_width` children per environment
         observe: decode the next observation greedily (top-1): the model's most likely outcome
 
-The first action of the best plan is executed and the whole search runs again at the next step.
+The first action of the best plan is executed and the whole search runs again at the next step. With
+`action_mean_beta`, the mean of the first actions of every plan scored at the last step is executed instead, each
+weighted by softmax(beta * score): one step ahead (the critic planner) the critic then moves the model's own average
+action only as far as its preference asks, where a maximum would pick the proposal it overrates most.
 
 Where the next token's logits come from is one choice, `PlannerConfig.decoder` (`decoders.py` maps each name to
 its class): a token decoder this search asks one token at a time -- "readable" (`decoders.CachedDecoder`, the
@@ -50,7 +53,7 @@ from ttlib.planning.static_decoder import static_plan
 __all__ = ["Beams", "Plan", "PlannerConfig", "PlannerConfigError", "RULES", "VALUES", "Value", "beam_plan",
            "best_children", "check_critic", "check_fits", "counter_uniform", "course_planner", "critic_planner",
            "current_states", "decode_plan", "decoded", "imitation_planner", "logits_along", "plan_score",
-           "sample_bins", "score_actions", "search_beams", "token_name", "tokens_fed"]
+           "sample_bins", "score_actions", "search_beams", "token_name", "tokens_fed", "weighted_mean"]
 
 
 Value = Literal["token", "critic", "likelihood"]  # what can score a plan (PlannerConfig.value)
@@ -72,6 +75,7 @@ RULES = {  # PlannerConfig's numbers: field -> (its type, what must hold, said i
     "gamma": (Real, lambda g: 0 < g <= 1, "in (0, 1]"),
     "value_weight": (Real, lambda w: w >= 0, ">= 0"),
     "likelihood_weight": (Real, lambda w: w >= 0, ">= 0"),
+    "action_mean_beta": (Real, lambda b: b > 0, "> 0 or None"),
 }
 
 
@@ -90,6 +94,9 @@ class PlannerConfig:
     #                                 plan's actions to its score, preferring what the model finds likely (0: none)
     value: Value = "token"  # what scores a plan: "token" (rewards and the value token), "critic" (a Q critic) or
     #                         "likelihood" (the log-probability of its actions: imitation, for a model of good data)
+    action_mean_beta: float | None = None  # act the mean of the first actions of every plan scored at the last
+    #                                        step, weighted by softmax(beta * score), not the best plan's (None:
+    #                                        the best plan's, which `--action-mean-beta 0` asks for too)
     decoder: DecoderName = "auto"  # where the logits come from (decoders.py): "fused", "readable", "recompute",
     #                                "static", "triton" or "auto" (the fastest measured on the plan's device)
     compile_step: bool = False  # static: fuse the decoding step's small kernels with torch.compile first
@@ -102,7 +109,7 @@ class PlannerConfig:
         """Raise PlannerConfigError for a setting that cannot plan (done when the config is made)."""
         for name, (kind, holds, says) in RULES.items():
             value = getattr(self, name)
-            if value is None and name in ("top_k_action", "top_p_action"):  # (None: every bin)
+            if value is None and name in ("top_k_action", "top_p_action", "action_mean_beta"):  # (None: off)
                 continue
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise PlannerConfigError(f"{name} must be a {'whole ' * (kind is Integral)}number, got {value!r}")
@@ -112,13 +119,19 @@ class PlannerConfig:
             if getattr(self, name) not in valid:
                 raise PlannerConfigError(f"{name} must be one of {', '.join(map(repr, valid))}, got "
                                          f"{getattr(self, name)!r}")
-        if self.decoder in STATIC_SEARCHES and (self.value != "token" or self.likelihood_weight):
-            asked = f"value={self.value!r}" if self.value != "token" else "a likelihood_weight"
+        if self.decoder in STATIC_SEARCHES and self.needs_tokens():
+            asked = (f"value={self.value!r}" if self.value != "token" else "a likelihood_weight"
+                     if self.likelihood_weight else "an action_mean_beta")
             raise PlannerConfigError(f"decoder={self.decoder!r} is the static search, which scores with the value "
                                      f"token alone: plan with decoder='fused' for {asked}")
         if self.compile_step and self.decoder not in ("static", "auto"):
             raise PlannerConfigError(f"compile_step compiles the static search's step: decoder={self.decoder!r} "
                                      "has none (plan with decoder='static')")
+
+    def needs_tokens(self) -> bool:
+        """Does the search read the sampled tokens (a critic, the likelihood, the weighted mean), which only a
+        token decoder keeps? The static search scores with the value token alone."""
+        return self.value != "token" or bool(self.likelihood_weight) or self.action_mean_beta is not None
 
 
 def check_critic(config: PlannerConfig, critic) -> None:
@@ -315,7 +328,7 @@ def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, cr
     device = model.pos_emb.device
     prefix, keys = prefix.to(device), keys.to(device=device, dtype=torch.int64)
     name = resolve(config.decoder, device, replays=buffers is not None and buffers.graphs,
-                   tokens_needed=trace is not None or config.value != "token" or bool(config.likelihood_weight))
+                   tokens_needed=trace is not None or config.needs_tokens())
     if name in STATIC_SEARCHES:
         return static_plan(model, tokenizer, prefix, keys, config, buffers, STATIC_SEARCHES[name])
 
@@ -351,6 +364,7 @@ def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, cr
         rewards_before = beams.discounted_rewards  # (E*W*X,) sum_{k<t} gamma^k E[r_k]
         beams.discounted_rewards = rewards_before + config.gamma**t * beams.rewards[:, t]
         score = _children_scores(config, tokenizer, beams, t, rewards_before, action_bins, critic)  # (E*W*X,)
+        children = beams, score  # every plan of this step, scored: the last step's are what action_mean_beta weighs
 
         keep = best_children(score, E, W)  # (E*W,) select: the best W children of every environment
         if trace is not None:
@@ -370,7 +384,17 @@ def search_beams(model, tokenizer, prefix, keys, config, buffers, trace=None, cr
 
     decoder.release()
     best = score.view(E, W).argmax(dim=1) + torch.arange(E, device=device) * W  # (E,)
-    return _decode_plan(tokenizer, beams.rows(best), score[best], H)
+    return _decode_plan(tokenizer, beams.rows(best), score[best], H, config.action_mean_beta, children)
+
+
+def weighted_mean(actions: torch.Tensor, score: torch.Tensor, beta: float) -> torch.Tensor:
+    """actions (E, R, A) of R proposals, score (E, R) -> (E, A) sum_i softmax(beta * score)_i actions_i: the
+    advantage-weighted mean of the proposals (as IQL's policy is fitted, here taken at planning time). A large beta
+    tends to the best proposal's action, a small one to the proposals' plain mean, the model's own average action:
+    where the critic is unsure between near-equal proposals, the mean moves only as far as the critic's preference
+    asks, instead of jumping to whichever proposal the critic's error favours."""
+    weights = torch.softmax(beta * score.double(), dim=1)  # (E, R)
+    return (weights[:, :, None] * actions.double()).sum(dim=1).float()  # (E, A)
 
 
 def current_states(tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, observation, for_critic: bool):
@@ -387,5 +411,13 @@ def current_states(tokenizer: TrajectoryTokenizer, prefix: torch.Tensor, observa
     return observation
 
 
-def _decode_plan(tokenizer, best: Beams, score, horizon) -> Plan:
-    return decode_plan(tokenizer, best.generated, best.rewards, best.values, score, horizon)
+def _decode_plan(tokenizer, best: Beams, score, horizon, action_mean_beta=None, children=None) -> Plan:
+    """The best plans as a Plan; with action_mean_beta, its first action is the weighted mean of the first actions
+    of every plan of the last step (`children`: their Beams and scores, (E*R,) rows), the best plan still shown."""
+    plan = decode_plan(tokenizer, best.generated, best.rewards, best.values, score, horizon)
+    if action_mean_beta is not None:
+        O, A, E = tokenizer.obs_dim, tokenizer.act_dim, len(score)
+        beams, scores = children
+        first = decoded(tokenizer, beams.generated[:, :A], slice(O, O + A)).view(E, -1, A)  # (E, R, A)
+        plan.actions[:, 0] = weighted_mean(first, scores.view(E, -1), action_mean_beta).cpu()
+    return plan

@@ -44,7 +44,8 @@ RESUMABLE = ("steps", "device", "eval_every", "eval_batches", "early_stop")
 FIELD_TYPES = {"kind": str, "model": "tensors", "dataset": dict, "history": (list, dict), "step": int,
                "model_config": dict, "tokenizer": (dict, type(None)), "train_config": (dict, type(None)),
                "policy_config": dict, "shape": dict, "critic": (dict, type(None)), "best": dict,
-               "last_model": "tensors", "optimizer": dict, "generator": torch.Tensor, "val_generator": torch.Tensor}
+               "last_model": "tensors", "optimizer": dict, "generator": torch.Tensor, "val_generator": torch.Tensor,
+               "play_settings": dict, "challenge_settings": dict}
 REQUIRED = ("kind", "model", "dataset")
 REQUIRED_BY_KIND = {"trajectory-gpt": ("model_config", "tokenizer"), "decision-transformer": ("model_config",),
                     "policy": ("policy_config", "shape")}
