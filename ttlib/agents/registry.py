@@ -98,8 +98,8 @@ def planner_for(critic, payload: dict | None = None, value: str | None = None, *
     (as `ttlib evaluate --top-k 0`) and action_mean_beta=0 the best proposal (`--action-mean-beta 0`: no weighted
     mean, where a checkpoint's own settings ask for one)."""
     overrides = {**play_settings(payload or {}), **overrides}  # the checkpoint's own settings, then those given
-    value = value or overrides.pop("value", None)
-    overrides.pop("value", None)
+    saved_value = overrides.pop("value", None)
+    value = value or saved_value
     imitates = ((payload or {}).get("train_config") or {}).get("top_percent", 100.0) < 100
     value = value or ("critic" if critic is not None else "likelihood" if imitates else "token")
     if value == "critic" and critic is None:
