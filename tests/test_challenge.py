@@ -129,11 +129,13 @@ def test_a_trajectory_transformer_is_handed_in_with_its_planners_settings(tmp_pa
 
 
 def test_the_shipped_tt_without_the_expert_plays_the_weighted_mean_of_its_proposals_unless_told_otherwise():
-    """The no-expert checkpoint carries its planner's settings (docs/RESULTS.md: the advantage-weighted mean,
-    beta 0.3); the course checkpoint carries none and plays the critic planner's best proposal."""
+    """The no-expert checkpoint carries its planner's settings and the critic they were chosen with (docs/RESULTS.md:
+    the advantage-weighted mean, beta 2, on a critic of expectile 0.5); the course checkpoint carries none and plays
+    the critic planner's best proposal."""
     planner = registry.load("tt", dataset=challenge.DATASET, device="cpu").agent.planner
     assert (planner.value, planner.horizon, planner.action_mean_beta, planner.likelihood_weight) == \
-        ("critic", 1, 0.3, 0.0)
+        ("critic", 1, 2.0, 0.0)
+    assert read_payload(default_checkpoint(challenge.TT_CHECKPOINT))["critic"]["config"]["expectile"] == 0.5
     off = registry.load("tt", dataset=challenge.DATASET, device="cpu", action_mean_beta=0, horizon=2).agent.planner
     assert (off.action_mean_beta, off.horizon) == (None, 2)  # `--action-mean-beta 0`: the best plan again
     with pytest.raises(ConfigError, match="no setting beta: the settings are PlannerConfig's fields"):
