@@ -80,9 +80,9 @@ def test_the_critic_learns_values_that_follow_the_returns_and_rank_the_pilots(co
                                     for r in data.rewards])  # sum_k gamma^k r_{t+k}, r_t included
     with torch.no_grad():
         value = critic.v(torch.as_tensor(np.concatenate(data.observations))).numpy()
-    assert np.corrcoef(value, returns_after)[0, 1] > 0.4  # measured 0.63
+    assert np.corrcoef(value, returns_after)[0, 1] > 0.4  # measured 0.62 (expectile 0.5, the default)
     pilot = np.repeat(np.array(data.behaviour), [len(r) for r in data.rewards])
-    assert value[pilot == "expert"].mean() > value[pilot == "random"].mean() + 15  # measured 15 vs -20
+    assert value[pilot == "expert"].mean() > value[pilot == "random"].mean() + 15  # measured 8 vs -23
 
 
 def test_a_critic_is_the_mean_of_its_members_each_trained_from_its_own_seed(course_data):

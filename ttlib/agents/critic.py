@@ -40,7 +40,7 @@ class CriticError(TTLibError, ValueError):
 
 @dataclass
 class CriticConfig:
-    expectile: float = 0.8  # tau of V's expectile regression: 0.5 values the data's mean action, near 1 its best
+    expectile: float = 0.5  # tau of V's expectile regression: 0.5 values the data's mean action, near 1 its best
     gamma: float = 0.99  # discount of the temporal-difference target
     steps: int = 30_000  # gradient steps of every member
     batch_size: int = 256  # transitions per step
