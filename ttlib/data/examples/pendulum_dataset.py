@@ -2,11 +2,18 @@
 
 The example: Pendulum-v1 (observation cos(theta), sin(theta), angular velocity; one torque in [-2, 2]; 200 steps
 per episode), half of the episodes flown by a scripted swing-up controller with noise on its torque, half by
-uniformly random torques -- mixed quality, like the course dataset, but about an eighth of its size (60 episodes,
-12,000 steps). Run it, then train on it:
+uniformly random torques -- mixed quality, like the course dataset (800 episodes, 160,000 steps: a Trajectory
+Transformer needs many of the controller's swings to learn when to stop pushing; %BC's MLP needs far fewer). Run
+it, then train on it:
 
-    python -m ttlib.data.examples.pendulum_dataset                      # writes user/pendulum/mixed-v0 (a few seconds)
-    ttlib train --dataset user/pendulum/mixed-v0 --out runs/pendulum.safetensors
+    python -m ttlib.data.examples.pendulum_dataset                      # writes user/pendulum/mixed-v0 (seconds)
+    ttlib train --dataset user/pendulum/mixed-v0 --top-percent 50 --strategy uniform --value-embedding \
+        --out runs/pendulum.safetensors
+
+`--top-percent 50` learns from the controller's half. `--strategy uniform` places the bins evenly: the controller
+spends most of its steps balancing, upright and slow, so quantile bins (the default) would leave the speeds of its
+swings a handful of wide bins, too coarse to tell when to stop pushing. `--value-embedding` adds to each token its
+bin's value, so that neighbouring bins start alike. What each buys: docs/RESULTS.md, "A dataset of your own".
 
 Anything that produces, per episode, the observations (one more than the actions: the one after the last step),
 actions, rewards, terminations and truncations can be written the same way (`write_dataset` below).
@@ -83,7 +90,7 @@ def write_dataset(dataset_id: str, buffers, env: gym.Env, ref_min: float, ref_ma
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="user/pendulum/mixed-v0", help="Minari id to write")
-    parser.add_argument("--episodes", type=int, default=60, help="200 steps each")
+    parser.add_argument("--episodes", type=int, default=800, help="200 steps each")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     buffers, env, means = collect(args.episodes, args.seed)
