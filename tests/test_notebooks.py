@@ -382,6 +382,8 @@ def test_04_cached_attention_and_forward_agree_with_ttlib():
         cache = model.new_cache(B)
         with torch.no_grad():
             model(torch.as_tensor(rng.integers(0, 7, size=(B, start))), cache=cache)
+        for buffer in (cache.k, cache.v):  # noise in the empty slots, not whatever memory held: the whole buffers
+            buffer[:, :, :, start:] = torch.randn_like(buffer[:, :, :, start:])  # are compared, a stray write shows
         T = int(rng.integers(1, config.block_size - start + 1))
         return model, torch.as_tensor(rng.integers(0, 7, size=(B, T))), cache
 
