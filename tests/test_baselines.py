@@ -189,18 +189,20 @@ def test_the_episode_loop_steps_an_agent_without_a_planner():
 
 # ---- the command line -----------------------------------------------------------------------------------
 def test_train_and_evaluate_a_baseline_from_the_command_line(minari_root, tmp_path):
+    """In this process, all three on the same threads, so that the two trainings are the same to the bit
+    (test_baseline_options_explain_bad_input runs a command of its own: what a terminal shows)."""
     out = tmp_path / "pbc.pt"
-    made = ttlib("train", "--model", "bc", "--dataset", ttdata.HALFCHEETAH_DATASET, "--top-percent", "50",
-                 "--steps", "30", "--out", str(out))
+    made = in_process("train", "--model", "bc", "--dataset", ttdata.HALFCHEETAH_DATASET, "--top-percent", "50",
+                      "--steps", "30", "--out", str(out))
     assert made.returncode == 0, made.stderr
     assert "%BC (best 50%): 10 episodes (2000 transitions" in made.stdout
-    played = ttlib("evaluate", "--checkpoint", str(out), "--episodes", "2", "--max-steps", "15", "--json")
+    played = in_process("evaluate", "--checkpoint", str(out), "--episodes", "2", "--max-steps", "15", "--json")
     assert played.returncode == 0, played.stderr
     report = json.loads(played.stdout)
     assert report["agent"] == "%BC (best 50%)" and report["seeds"] == [0, 1] and report["steps"] == 30
     # without --checkpoint, evaluate trains the baseline first, with the training options it is given
-    again = ttlib("evaluate", "--model", "bc", "--dataset", ttdata.HALFCHEETAH_DATASET, "--top-percent", "50",
-                  "--steps", "30", "--episodes", "2", "--max-steps", "15", "--json")
+    again = in_process("evaluate", "--model", "bc", "--dataset", ttdata.HALFCHEETAH_DATASET, "--top-percent", "50",
+                       "--steps", "30", "--episodes", "2", "--max-steps", "15", "--json")
     assert again.returncode == 0, again.stderr
     again = json.loads(again.stdout)
     assert again["agent"] == "%BC (best 50%)" and again["returns"] == report["returns"], (again, report)

@@ -4,7 +4,9 @@ still load everywhere.
 
 The dataset is the README's example of a dataset of one's own (ttlib/data/examples/pendulum_dataset.py: Pendulum-v1, a
 swing-up controller with noise and random torques), 6 episodes, written with Minari into the test's folder. The
-model is small and its learning rate high, so that it learns the 4 training episodes by heart within seconds.
+model is small and its learning rate high, so that it learns the 4 training episodes by heart within seconds. The
+overfitting run is a command of its own (what a terminal shows); the commands after it run in this process
+(tests/commands.py `in_process`: the same output, without the imports' seconds).
 """
 
 import json
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from commands import ttlib  # tests/ is on sys.path
+from commands import in_process, ttlib  # tests/ is on sys.path
 
 from ttlib.agents import dt
 from ttlib.model.tokenizer import NoBinMeansWarning
@@ -124,8 +126,8 @@ def test_evaluate_export_and_the_critic_use_the_best_model(overfit_run, tmp_path
     with_critic = str(tmp_path / "critic.pt")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINARI_DATASETS_PATH", str(out.parent / "datasets"))
-        result = ttlib("train-critic", "--checkpoint", str(out), "--out", with_critic, "--steps", "20", "--members",
-                       "2", "--hidden", "16", "--val-fraction", "0.34")
+        result = in_process("train-critic", "--checkpoint", str(out), "--out", with_critic, "--steps", "20",
+                            "--members", "2", "--hidden", "16", "--val-fraction", "0.34")
     assert result.returncode == 0, result.stderr[-2000:]
     held, fitted = (sum(row[key] for row in read_checkpoint(with_critic)["critic"]["history"] if row["step"] == 19)
                     / 2 for key in ("val_td_loss", "train_td_loss"))
@@ -136,7 +138,7 @@ def test_evaluate_export_and_the_critic_use_the_best_model(overfit_run, tmp_path
 
     for which, step in (("best", best_step), ("last", last_step)):
         args = ["evaluate", "--checkpoint", with_critic, "--episodes", "1", "--max-steps", "3", "--json", *FAST_PLAN]
-        result = ttlib(*args, *([] if which == "best" else ["--which", "last"]))
+        result = in_process(*args, *([] if which == "best" else ["--which", "last"]))
         assert result.returncode == 0, result.stderr[-2000:]
         report = json.loads(result.stdout)
         assert report["weights"]["which"] == which and report["weights"]["step"] == step
@@ -147,7 +149,7 @@ def test_early_stop_stops_and_the_recipe_is_said(minari_root, tmp_path):
     make_dataset()
     out = str(tmp_path / "tt.pt")
     settings = {k: v for k, v in OVERFIT.items() if k != "eval_every"}  # left to the data: fitted, and said
-    result = ttlib("train", "--dataset", DATASET, "--out", out, *options(settings), "--early-stop", "3")
+    result = in_process("train", "--dataset", DATASET, "--out", out, *options(settings), "--early-stop", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     payload = read_checkpoint(out)
     every = payload["train_config"]["eval_every"]

@@ -1,4 +1,8 @@
-"""The command line, run as a learner would: python -m ttlib ..."""
+"""The command line, run as a learner would: python -m ttlib ...
+
+A command of its own (tests/commands.py `ttlib`: what a terminal shows, imports and all) where a learner's first
+step is: making a dataset, training, a bad input; the commands after it run through the same main function in this
+process (`in_process`), which prints what the command prints without paying its imports again."""
 
 import argparse
 import dataclasses
@@ -26,7 +30,7 @@ def test_make_dataset_and_list(minari_root):
     result = ttlib("make-dataset", "--dataset", ttdata.HALFCHEETAH_DATASET)
     assert result.returncode == 0, result.stderr
     assert "20 episodes" in result.stdout and "HalfCheetah-v5" in result.stdout
-    listed = ttlib("datasets")
+    listed = in_process("datasets")
     assert ttdata.HALFCHEETAH_DATASET in listed.stdout and "4000 steps" in listed.stdout
     assert f"{ttdata.DEFAULT_DATASET}" in listed.stdout and "not built yet" in listed.stdout
 
@@ -58,7 +62,7 @@ def test_bad_input_gives_one_clear_line(args, message, minari_root):
 
 
 def test_bench_planning_json_has_the_promised_keys():
-    result = ttlib("bench", "planning", "--preset", "tiny", "--repeats", "2", "--json")
+    result = in_process("bench", "planning", "--preset", "tiny", "--repeats", "2", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     for key in ("ms_per_plan_cached", "ms_per_plan_uncached", "gflop_per_plan", "gflops_achieved", "batch",
@@ -85,7 +89,7 @@ def test_bench_planning_json_has_the_promised_keys():
 
 
 def test_bench_profile_splits_the_time_of_a_plan():
-    result = ttlib("bench", "profile", "--preset", "tiny", "--json")
+    result = in_process("bench", "profile", "--preset", "tiny", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     shares = out["time_shares"]
@@ -95,7 +99,7 @@ def test_bench_profile_splits_the_time_of_a_plan():
 
 
 def test_bench_rollouts_json_times_the_same_episodes_both_ways():
-    result = ttlib("bench", "rollouts", "--episodes", "3", "--max-steps", "3", "--repeats", "2", "--json")
+    result = in_process("bench", "rollouts", "--episodes", "3", "--max-steps", "3", "--repeats", "2", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["same_returns"] is True and out["episodes"] == 3 and out["steps"] == 9 and out["repeats"] == 2
@@ -104,7 +108,7 @@ def test_bench_rollouts_json_times_the_same_episodes_both_ways():
 
 
 def test_bench_decoding_json():
-    result = ttlib("bench", "decoding", "--preset", "tiny", "--repeats", "1", "--json")
+    result = in_process("bench", "decoding", "--preset", "tiny", "--repeats", "1", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["tokens_per_s_cached"] > 0 and out["tokens_per_s_recompute"] > 0
@@ -118,8 +122,8 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "validation loss" in result.stdout
     assert os.path.getsize(tmp_path / "slim.pt") < os.path.getsize(ckpt)  # no optimiser state
-    result = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "2", "--max-steps", "5", "--beam-width", "2",
-                   "--horizon", "2", "--context", "2", "--decoder", "readable", "--json")
+    result = in_process("evaluate", "--checkpoint", ckpt, "--episodes", "2", "--max-steps", "5", "--beam-width", "2",
+                        "--horizon", "2", "--context", "2", "--decoder", "readable", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["episodes"] == 2 and out["steps"] == 10 and "dataset_mean_return" in out
@@ -131,13 +135,13 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert out["planner"]["value"] == "token" and out["planner"]["horizon"] == 2
     assert out["planner"]["decoder"] == "readable"
 
-    refused = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "1", "--value", "critic")
+    refused = in_process("evaluate", "--checkpoint", ckpt, "--episodes", "1", "--value", "critic")
     assert refused.returncode == 2 and "has no critic" in refused.stderr and "ttlib train-critic" in refused.stderr
     with_critic = str(tmp_path / "with_critic.pt")
-    result = ttlib("train-critic", "--checkpoint", ckpt, "--steps", "20", "--out", with_critic)
+    result = in_process("train-critic", "--checkpoint", ckpt, "--steps", "20", "--out", with_critic)
     assert result.returncode == 0, result.stderr
     assert "critic trained 3 x 20 steps" in result.stdout and "no validation" in result.stdout
-    result = ttlib("evaluate", "--checkpoint", with_critic, "--episodes", "2", "--max-steps", "5", "--json")
+    result = in_process("evaluate", "--checkpoint", with_critic, "--episodes", "2", "--max-steps", "5", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["planner"]["value"] == "critic" and out["planner"]["horizon"] == 1 and out["steps"] == 10

@@ -33,8 +33,8 @@ with the points each student should get for each exercise (`EXPECTED`, checked c
   a decode that hogs memory. Notebook 02 is graded with short limits (CELL_TIMEOUT a cell, NOTEBOOK_TIMEOUT for the
   whole notebook, EXERCISE_CPU for an exercise's hidden tests, MEMORY_GB for its kernel and its hidden tests), so the
   loop and the hog cost seconds.
-Notebooks 03 and 05 (the slowest to grade) are graded while as many busy processes as the machine has cores run
-beside them (`cpu_hog`): the budgets count CPU seconds, so correct submissions keep full marks. (tests/
+Notebooks 03 and 05 (the slowest to grade) are graded beside a busy process, on one core they share
+(`one_core_beside_a_hog`): the budgets count CPU seconds, so correct submissions keep full marks. (tests/
 test_grading_sandbox.py grades with `nbgrader autograde` itself too, one at a time, as nbgrader users do.)
 `test_the_class_table` prints the table: student, notebook, expected, got, CPU seconds of the kernel and of the
 hidden tests.
@@ -58,7 +58,7 @@ from nbgrader.api import Gradebook
 from nbgrader.utils import compute_checksum
 from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source  # tests/ is on sys.path
 
-from tools.outputs import cpu_hog
+from tools.outputs import one_core_beside_a_hog
 from ttlib.cli import main as cli
 from ttlib.course import challenge
 from ttlib.grading import assignments as grade
@@ -352,7 +352,7 @@ def graded(tmp_path_factory):
         out[f"collect {assignment}"] = run("ttlib", "grade", "collect", assignment, str(folder), env=env)
     rest = [a for a in BY_CODE if a != CHEAP and a not in HOGGED]
     for assignments, hogged in (([CHEAP], False), (HOGGED, True), (rest, False)):
-        with cpu_hog(os.cpu_count() or 2) if hogged else contextlib.nullcontext():
+        with one_core_beside_a_hog() if hogged else contextlib.nullcontext():
             lines, logs = autograde(assignments, {**env, **limits(assignments[0])}, root)
         out["lines"] = out.get("lines", "") + lines
         for assignment, log in logs.items():

@@ -1,6 +1,7 @@
 """Grading strangers' code, contained: a class of notebook 02 (cheap) graded with real nbgrader, the commands of the
 README's instructor guide run as written, in which some students attack the others, the gradebook and the grader.
-All of it is graded while a CPU hog runs (two busy processes on this 2-core machine, beside whatever else runs).
+All of it is graded beside a CPU hog: the grading and a busy process share one core (the machine's other cores stay
+free for the rest of the suite).
 
 Two runs, as when submissions come in over days:
 1. `nbgrader autograde`, one at a time: "ada" (every exercise right), "bob" (one plausible bug) and "breaker" (a
@@ -49,6 +50,7 @@ from nbgrader.api import Gradebook
 from test_grading import CHEAP, REPO, answered, cell, one_bug, points, read, solution_notebook, student_notebook
 from test_sandbox import marked
 
+from tools.outputs import one_core_beside_a_hog
 from ttlib.grading import assignments as grade
 from ttlib.grading import processes, sandbox
 
@@ -277,10 +279,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def busy(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     if not sandbox.capabilities().landlock_abi or not sandbox.capabilities().subreaper:
@@ -300,31 +298,28 @@ def graded(tmp_path_factory):
     run("nbgrader", "generate_assignment", CHEAP, "--force", env=env)
     first, second = class_of_02()
     out = {"root": root, "logs": {}, "memory": {}, "env": env, "tmp": tmp}
-    hogs = busy(2)
     hogged_from = time.monotonic()
-    try:
-        for name, students, extra in (("first", first, ["--BoundedExecute.strip_score_outputs=False",
-                                                         "--BoundedExecute.hidden_tests=False"]),
-                                      ("second", second, [])):
-            folder = tmp / name
-            folder.mkdir()
-            for student, nb in students.items():
-                nbformat.write(nb, folder / f"{student}.ipynb")
-            run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
-            if name == "first":
-                out["logs"][name], out["memory"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
-                run("nbgrader", "generate_feedback", CHEAP, env=env)
-                continue
-            out["hashes before"] = hashes(root, first) | hashes(root, ["fay", "gus"])  # their submissions
-            out["grades before"] = grades(root, first)
-            out["stdout"], out["memory"][name] = run("ttlib", "grade", "autograde", CHEAP, "--jobs", str(JOBS),
-                                                   env=env)
-            out["logs"][name] = out["stdout"] + (root / f"autograde_{CHEAP}.log").read_text()
-    finally:
-        out["hogged"] = (time.monotonic() - hogged_from, [_cpu_seconds(h.pid) for h in hogs])  # (wall, CPU each)
-        for h in hogs:
-            h.kill()
-            h.wait()
+    with one_core_beside_a_hog() as hog:  # (the grading, two submissions at a time, and a hog on one core)
+        try:
+            for name, students, extra in (("first", first, ["--BoundedExecute.strip_score_outputs=False",
+                                                             "--BoundedExecute.hidden_tests=False"]),
+                                          ("second", second, [])):
+                folder = tmp / name
+                folder.mkdir()
+                for student, nb in students.items():
+                    nbformat.write(nb, folder / f"{student}.ipynb")
+                run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
+                if name == "first":
+                    out["logs"][name], out["memory"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
+                    run("nbgrader", "generate_feedback", CHEAP, env=env)
+                    continue
+                out["hashes before"] = hashes(root, first) | hashes(root, ["fay", "gus"])  # their submissions
+                out["grades before"] = grades(root, first)
+                out["stdout"], out["memory"][name] = run("ttlib", "grade", "autograde", CHEAP, "--jobs", str(JOBS),
+                                                       env=env)
+                out["logs"][name] = out["stdout"] + (root / f"autograde_{CHEAP}.log").read_text()
+        finally:
+            out["hogged"] = (time.monotonic() - hogged_from, _cpu_seconds(hog.pid))  # (wall, the hog's CPU s)
     time.sleep(4)  # what the vandal left behind would have woken up by now
     sandboxes = "|".join(re.escape(s) for s in [*first, *second])  # a sandbox's folder is named after its student
     out["alive"] = marked(MARK, re.compile(rf"TTLIB_SANDBOX=[^\0]*/ttsbx-({sandboxes})-".encode()))
@@ -433,9 +428,9 @@ def test_correct_submissions_keep_full_marks_under_a_cpu_hog(graded):
         assert score(graded, student) == FULL
         assert cpu < NOTEBOOK_CPU / 1.5, "a correct submission uses well under its CPU budget"
     wall, hog_cpu = graded["hogged"]
-    # the hog really ran beside the grading: together, at least 0.4 of a core all along (a crowded machine, where
-    # other tests run too, shares its 2 cores among more processes)
-    assert sum(hog_cpu) > 0.4 * wall and min(hog_cpu) > 0.1 * wall, f"the hog's CPU s: {hog_cpu} in {wall:.0f} s"
+    # the hog really ran beside the grading, on the one core they shared: at least a quarter of it all along (two
+    # submissions graded at a time and the grader share the rest)
+    assert hog_cpu > 0.25 * wall, f"the hog's CPU s: {hog_cpu:.0f} in {wall:.0f} s"
 
 
 def test_the_class_table(graded):

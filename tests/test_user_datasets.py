@@ -2,6 +2,9 @@
 
 Every dataset here is a real Minari dataset written into the test's own folder from a real gymnasium env
 (Pendulum-v1: observations of 3, actions of 1 in [-2, 2]); the models are tiny and train for a few steps.
+The commands run through `ttlib`'s main in this process (tests/commands.py: what the command prints, without its
+imports' seconds); as a command of its own only where that is the point: one bad input, what a terminal shows; an
+environment registered in this process only; Ctrl-C.
 """
 
 import json
@@ -86,7 +89,7 @@ def tiny_dt(dataset_id, out=None):
 def test_nan_in_the_data_is_refused_for_both_models(model, minari_root, tmp_path):
     pendulum_dataset("user/nan-v0", nan_at=(1, 5))
     out = tmp_path / "model.pt"
-    result = ttlib("train", "--dataset", "user/nan-v0", "--out", str(out), *model)
+    result = in_process("train", "--dataset", "user/nan-v0", "--out", str(out), *model)
     one_line_error(result, "user/nan-v0", "non-finite", "observations", "episode 1, step 5", "repair or drop")
     assert not out.exists()  # nothing half-made is left behind
 
@@ -120,7 +123,7 @@ def test_nan_never_reaches_bins_weights_or_an_evaluation(tmp_path):
     path = str(tmp_path / "nan.pt")
     save_checkpoint(path, dt_model, None, dataset={"env_id": "LunarLanderContinuous-v3", "env_kwargs": {},
                                                    "mean_return": 0.0}, kind=dt.KIND)
-    result = ttlib("evaluate", "--checkpoint", path, "--episodes", "1", "--max-steps", "2", "--target-return", "1")
+    result = in_process("evaluate", "--checkpoint", path, "--episodes", "1", "--max-steps", "2", "--target-return", "1")
     one_line_error(result, "non-finite weights", "action_head.weight", "train it again")
 
 
@@ -165,7 +168,7 @@ def test_evaluation_uses_the_datasets_time_limit_and_kwargs(minari_root, tmp_pat
 
     ckpt = tmp_path / "tt.pt"
     tiny_tt("user/pendulum-g5-v0", ckpt)
-    result = ttlib("evaluate", "--checkpoint", str(ckpt), "--episodes", "2", "--json", *FAST_PLAN)
+    result = in_process("evaluate", "--checkpoint", str(ckpt), "--episodes", "2", "--json", *FAST_PLAN)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["steps"] == 2 * 20  # episodes as long as the dataset's, so the comparison with its mean is fair
@@ -185,8 +188,10 @@ def test_an_environment_the_dataset_cannot_name_asks_for_env(case, minari_root, 
     ckpt = str(tmp_path / "tt.pt")
     tiny_tt("user/anon-v0", ckpt)
     args = ["evaluate", "--checkpoint", ckpt, "--episodes", "1", "--max-steps", "3", "--json", *FAST_PLAN]
-    one_line_error(ttlib(*args), message, "--env")
-    result = ttlib(*args, "--env", "Pendulum-v1")
+    # "unregistered" needs a process of its own: this one has the environment registered
+    command = ttlib if case == "unregistered" else in_process
+    one_line_error(command(*args), message, "--env")
+    result = command(*args, "--env", "Pendulum-v1")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["steps"] == 3
 
@@ -234,7 +239,7 @@ def test_trajectory_transformer_refuses_other_action_bounds(minari_root, tmp_pat
                      action_space=gym.spaces.Box(-1.0, 1.0, (1,), np.float32))
     ckpt = str(tmp_path / "tt.pt")
     tiny_tt("user/normalized-v0", ckpt)
-    result = ttlib("evaluate", "--checkpoint", ckpt, "--episodes", "1", "--max-steps", "3", *FAST_PLAN)
+    result = in_process("evaluate", "--checkpoint", ckpt, "--episodes", "1", "--max-steps", "3", *FAST_PLAN)
     one_line_error(result, "acts in [-1, 1]", "span [-2, 2]", "dataset's environment")
 
 
@@ -256,7 +261,7 @@ def test_datasets_lists_a_broken_dataset_with_its_fix(minari_root):
     data_file = minari_root / "user/broken-v0/data/main_data.hdf5"
     with open(data_file, "r+b") as file:
         file.truncate(data_file.stat().st_size // 2)
-    result = ttlib("datasets")
+    result = in_process("datasets")
     assert result.returncode == 0, result.stderr
     broken = [line for line in result.stdout.splitlines() if line.startswith("user/broken-v0")]
     assert len(broken) == 1 and "BROKEN" in broken[0] and "delete the folder" in broken[0], result.stdout
@@ -270,7 +275,7 @@ def test_a_dataset_from_a_newer_minari_says_so(minari_root, tmp_path):
     metadata = json.loads(metadata_file.read_text())
     metadata["minari_version"] = "99.0.0"
     metadata_file.write_text(json.dumps(metadata))
-    result = ttlib("train", "--dataset", "user/future-v0", "--out", str(tmp_path / "x.pt"), *TINY_TT)
+    result = in_process("train", "--dataset", "user/future-v0", "--out", str(tmp_path / "x.pt"), *TINY_TT)
     one_line_error(result, "was written by Minari 99.0.0", f"this Minari {minari.__version__} cannot read",
                    "pip install -U minari")
 
@@ -278,20 +283,20 @@ def test_a_dataset_from_a_newer_minari_says_so(minari_root, tmp_path):
 @pytest.mark.parametrize("model", [TINY_TT, TINY_DT], ids=["tt", "dt"])
 def test_a_dataset_too_small_to_validate_on(model, minari_root, tmp_path):
     pendulum_dataset("user/one-v0", episodes=1, steps=4)
-    result = ttlib("train", "--dataset", "user/one-v0", "--out", str(tmp_path / "x.pt"), *model)
+    result = in_process("train", "--dataset", "user/one-v0", "--out", str(tmp_path / "x.pt"), *model)
     one_line_error(result, "user/one-v0 has 1 episode(s) (4 steps)", "at least 2")
 
 
 def test_resume_uses_the_checkpoints_own_settings(minari_root, tmp_path):
     pendulum_dataset("user/pendulum-v0")
     out = str(tmp_path / "tt.pt")
-    first = ttlib("train", "--dataset", "user/pendulum-v0", "--out", out, *TINY_TT)
+    first = in_process("train", "--dataset", "user/pendulum-v0", "--out", out, *TINY_TT)
     assert first.returncode == 0, first.stderr
     # no flag repeated: the checkpoint's settings, not the defaults (which would not fit its weights)
-    resumed = ttlib("train", "--out", out, "--resume", out, "--steps", "6")
+    resumed = in_process("train", "--out", out, "--resume", out, "--steps", "6")
     assert resumed.returncode == 0, resumed.stderr
     assert read_checkpoint(str(out))["step"] == 6
-    changed = ttlib("train", "--out", out, "--resume", out, "--steps", "9", "--n-embd", "32", "--seed", "1")
+    changed = in_process("train", "--out", out, "--resume", out, "--steps", "9", "--n-embd", "32", "--seed", "1")
     one_line_error(changed, "--n-embd 32 (checkpoint: 16)", "--seed 1 (checkpoint: 0)", "leave them out")
 
 

@@ -70,6 +70,27 @@ def cpu_hog(processes: int):
             hog.wait()
 
 
+@contextlib.contextmanager
+def one_core_beside_a_hog():
+    """This thread, every process it starts meanwhile, and one busy process, on one core of their own: what runs here
+    gets at most half a core (a laptop doing other work), while the machine's other cores stay free for the rest --
+    a test suite's other worker, which busy processes on every core would slow as much. Yields the hog (its CPU
+    seconds show that it ran). The core: a pytest-xdist worker's own (gw0 the first), else the last one."""
+    allowed = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    core = allowed[int(worker[2:]) % len(allowed)] if worker[2:].isdigit() else allowed[-1]
+    os.sched_setaffinity(0, {core})  # this thread's mask; children inherit it
+    try:
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            yield hog
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def execute(name: str, timeout: int = 1800) -> tuple[nbformat.NotebookNode, float]:
     """(the notebook run top to bottom in full mode in notebooks/, seconds on the clock)."""
     from ttlib.grading.nbrun import PollingNotebookClient  # a widget cell's reply is not missed (jupyter/nbclient#312)
