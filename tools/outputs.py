@@ -60,10 +60,10 @@ def _cpu_name() -> str:
 
 @contextlib.contextmanager
 def cpu_hog(processes: int):
-    """`processes` busy Python processes for the duration (the load of a laptop doing other work)."""
+    """`processes` busy Python processes for the duration (the load of a laptop doing other work); yields them."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
     try:
-        yield
+        yield hogs
     finally:
         for hog in hogs:
             hog.kill()
@@ -81,12 +81,8 @@ def one_core_beside_a_hog():
     core = allowed[int(worker[2:]) % len(allowed)] if worker[2:].isdigit() else allowed[-1]
     os.sched_setaffinity(0, {core})  # this thread's mask; children inherit it
     try:
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
-            yield hog
-        finally:
-            hog.kill()
-            hog.wait()
+        with cpu_hog(1) as hogs:
+            yield hogs[0]
     finally:
         os.sched_setaffinity(0, allowed)
 
