@@ -30,11 +30,11 @@ def ttlib(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
-def in_process(*args) -> subprocess.CompletedProcess:
+def in_process(*args, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     """`ttlib *args` through its main function in this process: (exit status, stdout, stderr) as the command
-    would give them."""
+    would give them. `env` (the whole environment, as subprocess takes it) and `cwd` hold while it runs."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, environment(env), folder(cwd):
         warnings.resetwarnings()
         for category in QUIET_BY_DEFAULT:
             warnings.filterwarnings("ignore", category=category)
@@ -45,6 +45,33 @@ def in_process(*args) -> subprocess.CompletedProcess:
                 code = e.code if isinstance(e.code, int) else 1
     shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
     return subprocess.CompletedProcess(["ttlib", *args], code, stdout.getvalue(), shown + stderr.getvalue())
+
+
+@contextlib.contextmanager
+def environment(env: dict | None):
+    """os.environ is `env` inside, and what it was again after (None: left alone)."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def folder(path):
+    """The current folder is `path` inside (None: left alone)."""
+    saved = os.getcwd()
+    os.chdir(path or saved)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
 
 
 def one_line_error(result: subprocess.CompletedProcess, *parts) -> str:

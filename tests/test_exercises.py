@@ -8,20 +8,21 @@ piece of text the failure must show: the sentence that names the mistake (ttlib.
 mistake no diagnosis fits, where the answer first differs.
 
 The solution notebook's setup cells, exercise cells and test cells run in one kernel, in fast mode (the demos are
-not needed: every test builds its own trials). Right after an exercise's test cell has passed, each wrong answer
-to it is run in the solution cell's place and the test cell is run again: it must fail with `ExerciseFailed` --
-what the learner sees first, and what nbgrader scores as zero for that exercise -- and say `says`. The solution
-is then run again (and ttlib.course.checks reloaded, in case the answer rebound it), so the notebook goes on with the
-right answer. tests/test_grading.py grades a few of these with nbgrader itself, to show the scores are the ones
-this predicts.
+not needed: every test builds its own trials), started as the grader starts a submission's: in a sandbox, forked
+from a process that imported PyTorch and ttlib once (ttlib.grading.kernels; afresh where the sandbox cannot run),
+which spares each notebook's kernel its seconds of imports. Right after an exercise's test cell has passed, each
+wrong answer to it is run in the solution cell's place and the test cell is run again: it must fail with
+`ExerciseFailed` -- what the learner sees first, and what nbgrader scores as zero for that exercise -- and say
+`says`. The solution is then run again (and ttlib.course.checks reloaded, in case the answer rebound it), so the
+notebook goes on with the right answer. tests/test_grading.py grades a few of these with nbgrader itself, to show the
+scores are the ones this predicts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import nbformat
@@ -31,6 +32,8 @@ from nbclient.exceptions import CellExecutionError
 
 from ttlib.course.notebooks import NOTEBOOKS as NOTEBOOK_LIST
 from ttlib.exercises import find
+from ttlib.grading import sandbox
+from ttlib.grading.kernels import SandboxedKernelManager
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -79,6 +82,25 @@ def is_graded_path(cell) -> bool:
     return cell.cell_type == "code" and ("setup" in cell.metadata.get("tags", []) or bool(grade_id(cell)))
 
 
+@contextlib.contextmanager
+def kernel_in(box: sandbox.Sandbox, nb):
+    """A kernel in fast mode for `nb`, as the grader starts one (ttlib.grading.kernels): in `box`'s scratch folder,
+    where what the answers write (notebook 10: an agent file) lands, never beside nbval's run; forked from this
+    process's zygote, PyTorch and ttlib imported once, where the sandbox runs (afresh elsewhere) -> its client."""
+    km = SandboxedKernelManager(kernel_name="python3")
+    km.sandbox, km.preload, km.connection_file = box, True, str(box.scratch / "kernel.json")
+    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(box.scratch)}})
+    forked = None
+    try:
+        with client.setup_kernel(env=box.environment({**os.environ, "TTLIB_FAST": "1"}), cwd=str(box.scratch)):
+            forked = km.forked and (km.forked, sandbox.started(km.forked.pid))
+            yield client
+    finally:
+        if forked:  # what the client's shutdown left of the sandbox's tree is ended, the wrapper reaped: the zygote
+            sandbox.end_tree(forked[0].pid, box.grace, forked[1])  # is free for the next kernel
+            forked[0].wait(30)
+
+
 def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
     """Run notebooks/<stem>.ipynb's set-up, exercise and test cells with every wrong answer tried after its
     exercise's test; one record per answer."""
@@ -88,11 +110,8 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
     for answer in answers:
         assert solution_of(answer[0]) in ids, f"{stem}: no solution cell {answer[0]!r}"
         by_exercise.setdefault(answer[0], []).append(answer)
-    scratch = tempfile.mkdtemp(prefix=f"wrong-{stem}-")  # what the answers write (notebook 10: an agent file) lands
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",  # here, never beside nbval's run
-                            resources={"metadata": {"path": scratch}})
     records = []
-    with client.setup_kernel(env={**os.environ, "TTLIB_FAST": "1"}):
+    with sandbox.Sandbox(name=f"wrong-{stem}") as box, kernel_in(box, nb) as client:
         for index, cell in enumerate(nb.cells):
             if not is_graded_path(cell):
                 continue
@@ -114,7 +133,6 @@ def run_with_wrong_answers(stem: str, answers: list[tuple]) -> list[dict]:
                     record["shown"] = error.traceback if hasattr(error, "traceback") else ""
                 records.append(record)
                 client.execute_cell(nbformat.v4.new_code_cell(RESTORE + solution.source), index)  # the right answer
-    shutil.rmtree(scratch, ignore_errors=True)
     return records
 
 

@@ -54,9 +54,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from commands import in_process  # tests/ is on sys.path
 from nbgrader.api import Gradebook
 from nbgrader.utils import compute_checksum
-from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source  # tests/ is on sys.path
+from test_exercises import ANSWER_FILES, load_answers, load_module, wrong_source
 
 from tools.outputs import one_core_beside_a_hog
 from ttlib.cli import main as cli
@@ -274,13 +275,24 @@ def expected_scores() -> dict[str, dict[str, float]]:
             for student, by_assignment in EXPECTED.items()}
 
 
-def run(*args, env, timeout=1800, may_fail=False) -> str:
-    """One command of the instructor guide, run from the repository root; its output (stdout and stderr)."""
-    done = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def run(*args, env, timeout=1800, may_fail=False, fresh=True) -> str:
+    """One command of the instructor guide, run from the repository root; its output (stdout and stderr). A `ttlib`
+    command run again with other arguments may run through its main function in this process (fresh=False: the
+    same command without a new process's 2-3 CPU seconds of imports; tests/commands.py)."""
+    if fresh or args[0] != "ttlib":
+        done = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    else:
+        done = in_process(*args[1:], env=env, cwd=REPO)
     output = f"exit status {done.returncode}\n{done.stdout}{done.stderr}"
     assert may_fail or done.returncode == 0, f"`{' '.join(args)}` failed:\n{output[-4000:]}"
     return output
+
+
+def collect(assignment, folder: Path, env, fresh=False) -> str:
+    """`ttlib grade collect assignment folder`: in this process unless `fresh` (the graded fixture runs its first
+    collect as a command of its own)."""
+    return run("ttlib", "grade", "collect", assignment, str(folder), env=env, fresh=fresh)
 
 
 def submissions(assignment) -> dict[str, nbformat.NotebookNode]:
@@ -349,7 +361,7 @@ def graded(tmp_path_factory):
         folder.mkdir(parents=True)
         for student, nb in submissions(assignment).items():
             nbformat.write(nb, folder / f"{student}.ipynb")
-        out[f"collect {assignment}"] = run("ttlib", "grade", "collect", assignment, str(folder), env=env)
+        out[f"collect {assignment}"] = collect(assignment, folder, env, fresh=assignment == BY_CODE[0])
     rest = [a for a in BY_CODE if a != CHEAP and a not in HOGGED]
     for assignments, hogged in (([CHEAP], False), (HOGGED, True), (rest, False)):
         with one_core_beside_a_hog() if hogged else contextlib.nullcontext():
@@ -657,7 +669,7 @@ def released_and_collected(tmp: Path, downloads: Path, env: dict) -> dict:
     folder.mkdir()
     for student in LAYOUT_CLASS:
         shutil.copyfile(downloads / f"{student}.ipynb", folder / f"{student}.ipynb")
-    run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
+    collect(CHEAP, folder, env)
     return env
 
 

@@ -47,7 +47,18 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
-from test_grading import CHEAP, REPO, answered, cell, one_bug, points, read, solution_notebook, student_notebook
+from test_grading import (
+    CHEAP,
+    REPO,
+    answered,
+    cell,
+    collect,
+    one_bug,
+    points,
+    read,
+    solution_notebook,
+    student_notebook,
+)
 from test_sandbox import marked
 
 from tools.outputs import one_core_beside_a_hog
@@ -308,7 +319,7 @@ def graded(tmp_path_factory):
                 folder.mkdir()
                 for student, nb in students.items():
                     nbformat.write(nb, folder / f"{student}.ipynb")
-                run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
+                collect(CHEAP, folder, env)
                 if name == "first":
                     out["logs"][name], out["memory"][name] = run("nbgrader", "autograde", CHEAP, *extra, env=env)
                     run("nbgrader", "generate_feedback", CHEAP, env=env)
@@ -452,7 +463,7 @@ def test_a_run_after_the_batch_grades_only_what_is_new(graded):
     folder = graded["tmp"] / "late"
     folder.mkdir()
     nbformat.write(answered(CHEAP, dict.fromkeys(["02-uniform", "02-quantile", "02-decode"])), folder / "erin.ipynb")
-    run("ttlib", "grade", "collect", CHEAP, str(folder), env=env)
+    collect(CHEAP, folder, env)
     out, _ = run("ttlib", "grade", "autograde", CHEAP, env=env)
     assert re.search(r"^erin +7/7 points", out, re.M), out[-3000:]
     assert f"graded 1 submission of {CHEAP}" in out and f"{len(EXPECTED)} up to date" in out, out[-2000:]
