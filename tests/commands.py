@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import warnings
+from unittest import mock
 
 from ttlib.cli.main import main
 
@@ -34,7 +35,8 @@ def in_process(*args, env: dict | None = None, cwd=None) -> subprocess.Completed
     """`ttlib *args` through its main function in this process: (exit status, stdout, stderr) as the command
     would give them. `env` (the whole environment, as subprocess takes it) and `cwd` hold while it runs."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, environment(env), folder(cwd):
+    environment = contextlib.nullcontext() if env is None else mock.patch.dict(os.environ, env, clear=True)
+    with warnings.catch_warnings(record=True) as caught, environment, folder(cwd):
         warnings.resetwarnings()
         for category in QUIET_BY_DEFAULT:
             warnings.filterwarnings("ignore", category=category)
@@ -45,22 +47,6 @@ def in_process(*args, env: dict | None = None, cwd=None) -> subprocess.Completed
                 code = e.code if isinstance(e.code, int) else 1
     shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
     return subprocess.CompletedProcess(["ttlib", *args], code, stdout.getvalue(), shown + stderr.getvalue())
-
-
-@contextlib.contextmanager
-def environment(env: dict | None):
-    """os.environ is `env` inside, and what it was again after (None: left alone)."""
-    if env is None:
-        yield
-        return
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager
