@@ -1,9 +1,12 @@
 """The Q critic: expectile regression, temporal-difference learning on real data, and the planner that ranks the
 model's actions with it."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
+from commands import in_process  # tests/ is on sys.path
 
 from ttlib.agents.critic import (
     Critic,
@@ -305,6 +308,27 @@ def test_a_checkpoint_carries_its_critic_and_ray_actors_get_the_same_one(tmp_pat
         assert next(double.parameters()).dtype == torch.float64
         assert torch.equal(double.q(obs.double(), act.double()), loaded.double().q(obs.double(), act.double()))
     assert unpack_critic(pack(model, tok)) is None
+
+
+def test_a_critic_can_value_the_undiscounted_return_where_episodes_end(tmp_path, course_data):
+    source = tmp_path / "tt.pt"
+    payload = read_checkpoint(default_checkpoint())
+    payload.pop("critic", None)
+    write_payload(str(source), payload)
+    out = tmp_path / "undiscounted.pt"
+    result = in_process("train-critic", "--checkpoint", str(source), "--out", str(out), "--steps", "30",
+                        "--hidden", "32", "--members", "1", "--gamma", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_checkpoint(str(out))["critic"]["config"]["gamma"] == 1.0
+    add_critic(str(source), CriticConfig(steps=30, hidden=32, members=1), out=str(out), progress=False)
+    assert read_checkpoint(str(out))["critic"]["config"]["gamma"] == payload["dataset"]["gamma"]  # the default
+
+    few = subset(course_data, range(4))
+    cut = dataclasses.replace(few, terminations=[np.zeros_like(t) for t in few.terminations],
+                              truncations=[np.ones_like(t) for t in few.truncations])
+    with pytest.raises(CriticError, match="gamma 1 needs episodes that end"):
+        train_critic(cut, CriticConfig(steps=5, hidden=16, members=1, gamma=1.0), progress=False)
+    train_critic(cut, CriticConfig(steps=5, hidden=16, members=1, gamma=0.99), progress=False)  # a discount learns
 
 
 def test_the_shipped_checkpoint_carries_a_critic_trained_on_its_dataset():

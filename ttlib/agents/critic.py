@@ -192,6 +192,9 @@ def train_critic(data: ttdata.OfflineDataset, config: CriticConfig | None = None
     batch = transitions(data)
     if len(batch["obs"]) == 0:
         raise CriticError("the dataset holds no transitions to learn from")
+    if config.gamma == 1 and not batch["done"].any():
+        raise CriticError("gamma 1 needs episodes that end (a termination): every episode of this dataset is cut "
+                          "by a time limit, so undiscounted values would grow without bound; use a gamma below 1")
     batch = {key: value.to(device) for key, value in batch.items()}
     if validation is not None:
         validation = {key: value.to(device) for key, value in validation.items()}
@@ -294,13 +297,15 @@ def load_critic(path: str, device: str = "auto", payload: dict | None = None):
     return critic_from_payload(payload["critic"], info["obs_dim"], info["act_dim"], path).to(pick_device(device))
 
 
-def add_critic(path: str, config=None, out: str | None = None, progress: bool = True):
+def add_critic(path: str, config=None, out: str | None = None, progress: bool = True, gamma: float | None = None):
     """Train a Q critic (`critic.train_critic`) on the dataset a Trajectory Transformer checkpoint was trained on,
-    and write the checkpoint again with it (to `out`, default: in place, atomically). The critic discounts as the
-    checkpoint's value targets do (its dataset's gamma), whatever `config` says. -> (critic, history)."""
+    and write the checkpoint again with it (to `out`, default: in place, atomically). The critic discounts by
+    `gamma`; None (the default): as the checkpoint's value targets do (its dataset's gamma), whatever `config`
+    says. Where episodes end (a landing, a crash), gamma 1 values the very return the environment scores.
+    -> (critic, history)."""
     payload = read_checkpoint(path)
     info = payload["dataset"]
-    config = dataclasses.replace(config or CriticConfig(), gamma=info["gamma"])
+    config = dataclasses.replace(config or CriticConfig(), gamma=info["gamma"] if gamma is None else gamma)
     data = ttdata.load(info["id"], gamma=info["gamma"], progress=progress)
     if (data.obs_dim, data.act_dim) != (info["obs_dim"], info["act_dim"]):
         raise CheckpointError(f"dataset {info['id']} has obs {data.obs_dim} / act {data.act_dim} but {path} was "

@@ -137,7 +137,7 @@ def which_arg(p, what: str) -> None:
                    "(default) or the last step's")
 
 
-CRITIC_SKIP = ("gamma",)  # the checkpoint's own, which its value targets were made with (critic.add_critic)
+CRITIC_SKIP = ("gamma",)  # --gamma of its own: None keeps the checkpoint's, which its value targets were made with
 
 
 def add_train_critic(sub) -> None:
@@ -146,7 +146,11 @@ def add_train_critic(sub) -> None:
     p = sub.add_parser("train-critic", help="add a Q critic (IQL) to a Trajectory GPT checkpoint, for the planner")
     p.add_argument("--checkpoint", required=True, help="Trajectory GPT checkpoint; the critic is written into it")
     p.add_argument("--out", help="write the checkpoint with its critic here instead (default: in place)")
-    add_config_options(p.add_argument_group("the critic"), {"critic": CriticConfig()}, skip=CRITIC_SKIP)
+    group = p.add_argument_group("the critic")
+    add_config_options(group, {"critic": CriticConfig()}, skip=CRITIC_SKIP)
+    group.add_argument("--gamma", type=float, default=None,
+                       help="discount of the TD target (default: the checkpoint's, which its value tokens were made "
+                            "with; 1: the undiscounted return, for episodes that end)")
     p.set_defaults(func=_cmd_train_critic)
 
 
@@ -157,7 +161,7 @@ def _cmd_train_critic(args):
 
     config = config_from(args, CriticConfig())
     t0 = time.perf_counter()
-    _, history = add_critic(args.checkpoint, config, out=args.out)
+    _, history = add_critic(args.checkpoint, config, out=args.out, gamma=args.gamma)
     last = history[-1]
     print(f"critic trained {config.members} x {config.steps} steps in {time.perf_counter() - t0:.0f} s: V loss "
           f"{last['v_loss']:.2f}, Q loss {last['q_loss']:.2f}; checkpoint {args.out or args.checkpoint}")
