@@ -130,8 +130,8 @@ def test_a_trajectory_transformer_is_handed_in_with_its_planners_settings(tmp_pa
 
 def test_the_shipped_tt_without_the_expert_plays_the_weighted_mean_of_its_proposals_unless_told_otherwise():
     """The no-expert checkpoint carries its planner's settings and the critic they were chosen with (docs/RESULTS.md:
-    the advantage-weighted mean, beta 2, on a critic of expectile 0.5); the course checkpoint carries none and plays
-    the critic planner's best proposal."""
+    the advantage-weighted mean, beta 2, on a critic of expectile 0.5); the course checkpoint plays the critic
+    planner's best proposal, its proposals sampled at temperature 0.5."""
     planner = registry.load("tt", dataset=challenge.DATASET, device="cpu").agent.planner
     assert (planner.value, planner.horizon, planner.action_mean_beta, planner.likelihood_weight) == \
         ("critic", 1, 2.0, 0.0)
@@ -140,7 +140,8 @@ def test_the_shipped_tt_without_the_expert_plays_the_weighted_mean_of_its_propos
     assert (off.action_mean_beta, off.horizon) == (None, 2)  # `--action-mean-beta 0`: the best plan again
     with pytest.raises(ConfigError, match="no setting beta: the settings are PlannerConfig's fields"):
         registry.load("tt", dataset=challenge.DATASET, device="cpu", beta=2)
-    assert registry.load("tt", device="cpu").agent.planner == critic_planner()
+    assert registry.load("tt", device="cpu").agent.planner == critic_planner(temperature=0.5)
+    assert registry.load("tt", device="cpu", temperature=1.0).agent.planner == critic_planner()
 
 
 # ---- a class graded by nbgrader --------------------------------------------------------------------------------
